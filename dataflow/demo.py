@@ -1,0 +1,99 @@
+"""``kascade demo``: the whole job on its embedded defaults, printed as tables.
+
+Starts a local broker unless one is given, creates fresh topics for this run, sends
+the bundled sample documents plus a few malformed records, runs the flow until the
+input is drained, and prints what reached the output and dead-letter topics.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Producer
+from rich.console import Console
+from rich.table import Table
+
+from dataflow.consume import read_all
+from dataflow.flow import build_passthrough_flow
+from dataflow.kafka_io import client_config, create_topics
+from dataflow.local_broker import ensure_local_broker
+from dataflow.runner import run
+from schemas import DeadLetter
+from schemas.settings import KafkaSettings, Settings
+
+SAMPLES = Path(__file__).with_name("demo_documents.jsonl")
+
+# Records a real producer gets wrong, to show where they end up.
+MALFORMED: list[bytes] = [
+    b"this is not JSON",
+    b'{"id": "bad-utf8", "text": "caf\xe9"}',
+    b'{"text": "a document without an id"}',
+    b'{"id": "", "text": "an empty id"}',
+]
+
+
+def _send(kafka: KafkaSettings, topic: str, values: list[tuple[bytes | None, bytes]]) -> None:
+    producer = Producer(client_config(kafka))
+    for key, value in values:
+        producer.produce(topic, key=key, value=value)
+    if producer.flush(30):
+        raise RuntimeError(f"could not deliver the demo records to {topic}")
+
+
+def demo(*, brokers: str | None, port: int, keep_broker: bool) -> int:
+    console = Console()
+    broker = None
+    if brokers is None:
+        broker = ensure_local_broker(port)
+        brokers = broker.bootstrap
+    try:
+        run_id = uuid.uuid4().hex[:8]
+        kafka = KafkaSettings(
+            brokers=brokers,
+            input_topic=f"kascade-demo-{run_id}-text-in",
+            output_topic=f"kascade-demo-{run_id}-labels-out",
+            dead_letter_topic=f"kascade-demo-{run_id}-dead-letter",
+            tail=False,
+        )
+        settings = Settings(kafka=kafka)
+        create_topics(
+            kafka, {kafka.input_topic: 2, kafka.output_topic: 2, kafka.dead_letter_topic: 1}
+        )
+        docs = [line.encode() for line in SAMPLES.read_text(encoding="utf-8").splitlines() if line]
+        records = [(json.loads(d)["id"].encode(), d) for d in docs]
+        _send(kafka, kafka.input_topic, records + [(None, m) for m in MALFORMED])
+        console.print(
+            f"sent {len(docs)} documents and {len(MALFORMED)} malformed records to "
+            f"[bold]{kafka.input_topic}[/] on {brokers}"
+        )
+        run(settings, build_passthrough_flow)
+
+        out = read_all(kafka, kafka.output_topic)
+        table = Table(title=f"{kafka.output_topic}: {len(out)} records")
+        table.add_column("id")
+        table.add_column("lang")
+        table.add_column("text")
+        for _, value in sorted(out, key=lambda kv: kv[0] or b""):
+            rec = json.loads(value)
+            text = rec["text"]
+            table.add_row(
+                rec["id"], rec.get("lang") or "", text[:70] + ("…" if len(text) > 70 else "")
+            )
+        console.print(table)
+
+        dead = [
+            DeadLetter.model_validate_json(v) for _, v in read_all(kafka, kafka.dead_letter_topic)
+        ]
+        table = Table(title=f"{kafka.dead_letter_topic}: {len(dead)} records")
+        table.add_column("reason")
+        table.add_column("detail")
+        table.add_column("original bytes")
+        for d in dead:
+            table.add_row(d.reason.value, d.detail[:60], repr(d.original())[:40])
+        console.print(table)
+        return 0
+    finally:
+        if broker is not None and not keep_broker:
+            broker.stop()

@@ -1,0 +1,188 @@
+"""Kafka at the edges of the flow: a bounded start-up check, the source, a delivery-checked sink.
+
+Bytewax's own Kafka connectors have two gaps that lose data or time in production:
+the source lists topics with no timeout (an unreachable broker hangs start-up forever)
+and ``KafkaSink`` never looks at delivery reports (failed writes vanish). This module
+closes both: :func:`check_cluster` fails fast with a clear message, and
+:class:`DeliveryCheckedSink` raises the first failed delivery instead of dropping it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from bytewax.connectors.kafka import KafkaSource
+from bytewax.outputs import DynamicSink, StatelessSinkPartition
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from schemas.settings import KafkaSettings
+
+log = logging.getLogger(__name__)
+# librdkafka's own log lines, routed into Python logging instead of raw stderr.
+rdkafka_log = logging.getLogger("kascade.rdkafka")
+
+
+def client_config(settings: KafkaSettings) -> dict[str, Any]:
+    """librdkafka settings for any client this process creates, logging through Python."""
+    return settings.client_config() | {"logger": rdkafka_log}
+
+
+KeyValue = tuple[bytes | str | None, bytes]
+
+
+class KafkaUnavailable(RuntimeError):
+    """The cluster could not be reached, or a topic the flow needs is missing."""
+
+
+class DeliveryFailed(RuntimeError):
+    """Kafka did not accept a record the flow produced."""
+
+
+def check_cluster(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int]:
+    """Partition count of each topic, or :class:`KafkaUnavailable` within the timeout.
+
+    Runs before the dataflow starts, because Bytewax's source would otherwise block
+    forever in ``list_topics`` when the broker is down.
+    """
+    admin = AdminClient(client_config(settings))
+    try:
+        meta = admin.list_topics(timeout=settings.connect_timeout_s)
+    except KafkaException as e:
+        raise KafkaUnavailable(
+            f"cannot reach Kafka at {settings.brokers} within "
+            f"{settings.connect_timeout_s:g}s: {e.args[0].str() if e.args else e}"
+        ) from None
+    found: dict[str, int] = {}
+    missing = []
+    for topic in topics:
+        t = meta.topics.get(topic)
+        if t is None or t.error is not None:
+            missing.append(topic)
+        else:
+            found[topic] = len(t.partitions)
+    if missing:
+        raise KafkaUnavailable(
+            f"Kafka at {settings.brokers} has no topic {', '.join(repr(t) for t in missing)};"
+            " create it first (kascade topics --create)"
+        )
+    return found
+
+
+def create_topics(
+    settings: KafkaSettings, topics: dict[str, int], *, timeout_s: float | None = None
+) -> list[str]:
+    """Create the topics that do not exist yet (name -> partitions); returns those created."""
+    timeout = settings.connect_timeout_s if timeout_s is None else timeout_s
+    admin = AdminClient(client_config(settings))
+    try:
+        existing = admin.list_topics(timeout=timeout).topics
+    except KafkaException as e:
+        raise KafkaUnavailable(f"cannot reach Kafka at {settings.brokers}: {e}") from None
+    wanted = [
+        NewTopic(name, num_partitions=parts, replication_factor=-1)
+        for name, parts in topics.items()
+        if name not in existing
+    ]
+    if not wanted:
+        return []
+    created = []
+    for name, future in admin.create_topics(wanted, operation_timeout=timeout).items():
+        try:
+            future.result(timeout=timeout)
+            created.append(name)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise
+    return created
+
+
+def source(settings: KafkaSettings, topics: list[str]) -> KafkaSource:
+    """Bytewax's Kafka source with our client settings; offsets live in Bytewax recovery."""
+    config = client_config(settings)
+    brokers = config.pop("bootstrap.servers").split(",")
+    # Bytewax passes these to its admin client too, which warns about consumer-only
+    # keys; the consumers are what they are for.
+    config["fetch.wait.max.ms"] = str(settings.fetch_wait_max_ms)
+    return KafkaSource(
+        brokers,
+        topics,
+        tail=settings.tail,
+        add_config=config,
+        raise_on_errors=False,
+    )
+
+
+class _DeliveryCheckedPartition(StatelessSinkPartition[KeyValue]):
+    def __init__(self, config: dict[str, Any], topic: str, flush_timeout_s: float):
+        self._producer = Producer(config)
+        self._topic = topic
+        self._flush_timeout_s = flush_timeout_s
+        self._error: str | None = None
+        self.delivered = 0
+
+    def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            if self._error is None:
+                self._error = f"delivery to {msg.topic()} failed: {err.str()}"
+            log.error("kafka delivery failed: %s", err.str())
+        else:
+            self.delivered += 1
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise DeliveryFailed(self._error)
+
+    def write_batch(self, items: list[KeyValue]) -> None:
+        self._raise_if_failed()
+        for key, value in items:
+            while True:
+                try:
+                    self._producer.produce(
+                        self._topic, value=value, key=key, on_delivery=self._on_delivery
+                    )
+                    break
+                except BufferError:
+                    # Local queue full: serve delivery reports to make room, then retry.
+                    self._producer.poll(0.1)
+            self._producer.poll(0)
+        # Flush before returning, so that when Bytewax snapshots this epoch every record
+        # it produced is acknowledged: a crash after the snapshot cannot lose output.
+        remaining = self._producer.flush(self._flush_timeout_s)
+        self._raise_if_failed()
+        if remaining:
+            raise DeliveryFailed(
+                f"{remaining} records to {self._topic} unacknowledged after "
+                f"{self._flush_timeout_s:g}s"
+            )
+
+    def close(self) -> None:
+        remaining = self._producer.flush(self._flush_timeout_s)
+        self._raise_if_failed()
+        if remaining:
+            raise DeliveryFailed(f"{remaining} records to {self._topic} lost at close")
+
+
+class DeliveryCheckedSink(DynamicSink[KeyValue]):
+    """Writes ``(key, value)`` pairs to one topic; a failed delivery raises, never vanishes.
+
+    Each worker gets its own producer; records keyed by document id land on the
+    partition Kafka's partitioner picks for that key.
+    """
+
+    def __init__(
+        self, settings: KafkaSettings, topic: str, *, flush_timeout_s: float = 30.0
+    ) -> None:
+        self._config = client_config(settings) | {
+            "enable.idempotence": "true",
+            "linger.ms": "5",
+        }
+        self._topic = topic
+        self._flush_timeout_s = flush_timeout_s
+
+    def build(
+        self, step_id: str, worker_index: int, worker_count: int
+    ) -> _DeliveryCheckedPartition:
+        return _DeliveryCheckedPartition(self._config, self._topic, self._flush_timeout_s)

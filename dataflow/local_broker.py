@@ -1,0 +1,62 @@
+"""Drives ``docker/kafka-local.sh``: a real single-node Kafka broker for demos and tests."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "docker" / "kafka-local.sh"
+
+
+@dataclass(frozen=True)
+class LocalBroker:
+    """A broker on 127.0.0.1:``port``; ``started`` says whether this process started it."""
+
+    port: int
+    started: bool
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def stop(self) -> None:
+        """Stop the broker, but only if this process started it."""
+        if self.started:
+            _script("stop", self.port)
+
+
+def _script(command: str, port: int, timeout_s: float = 600) -> None:
+    if not SCRIPT.exists():
+        raise FileNotFoundError(
+            f"{SCRIPT} not found: the local broker needs a kascade source checkout;"
+            " otherwise pass --brokers"
+        )
+    env = os.environ | {"KASCADE_KAFKA_PORT": str(port)}
+    subprocess.run(["bash", str(SCRIPT), command], env=env, check=True, timeout=timeout_s)
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def ensure_local_broker(port: int = 9092) -> LocalBroker:
+    """Use a broker already listening on ``port``, or start one with the script."""
+    if port_open(port):
+        return LocalBroker(port=port, started=False)
+    _script("start", port)
+    return LocalBroker(port=port, started=True)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now whose successor is free too (the controller's)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port < 65535 and not port_open(port + 1):
+            return port

@@ -1,0 +1,173 @@
+"""Records that cross Kafka: what comes in, what goes out, and what could not be handled.
+
+Every record is a frozen pydantic model; its JSON Schema (``schemas/json``) is generated
+from it, so code and contract cannot drift apart.
+
+>>> doc = InputDocument.model_validate_json(b'{"id": "a1", "text": "Rain in Lima."}')
+>>> doc.id, doc.lang
+('a1', None)
+"""
+
+from __future__ import annotations
+
+import base64
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
+
+_FROZEN_STRICT = ConfigDict(extra="forbid", frozen=True)
+
+DocumentId = Annotated[
+    str,
+    Field(min_length=1, max_length=512, description="Producer-chosen document id; output key."),
+]
+
+
+class InputDocument(BaseModel):
+    """A document to classify, as producers write it to the input topic."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        title="kascade input document",
+        json_schema_extra={
+            "$id": "https://kascade.dev/schemas/input.schema.json",
+        },
+    )
+
+    id: DocumentId
+    text: str = Field(description="UTF-8 text of any length; split into token chunks.")
+    lang: str | None = Field(
+        default=None,
+        min_length=2,
+        max_length=35,
+        description="Optional BCP-47 language tag, passed through to the output.",
+    )
+    metadata: dict[str, Any] | None = Field(
+        default=None, description="Opaque producer data, passed through to the output."
+    )
+
+
+class ChunkCounts(BaseModel):
+    """How a document's chunks were settled."""
+
+    model_config = _FROZEN_STRICT
+
+    total: NonNegativeInt
+    settled_s0: NonNegativeInt = Field(
+        default=0, description="Settled by the head on mean input embeddings."
+    )
+    settled_s1: NonNegativeInt = Field(
+        default=0, description="Settled by the head on an early layer's hidden state."
+    )
+    full_model: NonNegativeInt = Field(default=0, description="Classified by the full model.")
+    failed: NonNegativeInt = Field(
+        default=0, description="Chunks whose full-model call failed; their cheap verdict stood."
+    )
+    skipped: NonNegativeInt = Field(
+        default=0,
+        description="Chunks never classified because the document label was already decided.",
+    )
+
+
+class ModelIdentity(BaseModel):
+    """Which model produced a label: enough to reproduce it."""
+
+    model_config = _FROZEN_STRICT
+
+    name: str = Field(description="Source checkpoint the model was exported from.")
+    variant: str = Field(description="Quantization preset, e.g. int8-int4emb.")
+    manifest_sha256: str = Field(
+        pattern=r"^[0-9a-f]{64}$", description="sha256 of the model directory's manifest.json."
+    )
+
+
+class OutputRecord(BaseModel):
+    """One label per document, written to the output topic keyed by document id."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        title="kascade output record",
+        json_schema_extra={
+            "$id": "https://kascade.dev/schemas/output.schema.json",
+        },
+    )
+
+    id: DocumentId
+    label: str | None = Field(description="Document label; null when the text has no tokens.")
+    score: float = Field(ge=0.0, le=1.0, description="Aggregated probability of `label`.")
+    scores: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
+        description="Aggregated probability per label."
+    )
+    aggregation: str = Field(description="Reduce strategy that combined the chunk labels.")
+    chunks: ChunkCounts
+    model: ModelIdentity
+    latency_ms: float = Field(ge=0.0, description="From Kafka timestamp of the input to emit.")
+    degraded: bool = Field(
+        default=False, description="True when some chunk's full-model call failed."
+    )
+    reasons: list[str] = Field(default_factory=list, description="Why the record is degraded.")
+    lang: str | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class DeadLetterReason(StrEnum):
+    """Closed set of reasons a record goes to the dead-letter topic."""
+
+    NOT_UTF8 = "not_utf8"
+    NOT_JSON = "not_json"
+    SCHEMA = "schema"
+    OVERSIZE = "oversize"
+    EMPTY = "empty"
+    KAFKA_ERROR = "kafka_error"
+    PROCESSING = "processing"
+
+
+class SourcePosition(BaseModel):
+    """Where the original record was read."""
+
+    model_config = _FROZEN_STRICT
+
+    topic: str
+    partition: int = Field(ge=0)
+    offset: int = Field(ge=0)
+
+
+class DeadLetter(BaseModel):
+    """A record kascade could not handle, with the reason and the original bytes."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        title="kascade dead-letter record",
+        json_schema_extra={
+            "$id": "https://kascade.dev/schemas/deadletter.schema.json",
+        },
+    )
+
+    reason: DeadLetterReason
+    detail: str = Field(description="Human-readable explanation.")
+    stage: str = Field(description="Dataflow step that rejected the record.")
+    source: SourcePosition | None = Field(description="Position of the original record.")
+    key_b64: str | None = Field(default=None, description="Original Kafka key, base64.")
+    original_b64: str = Field(description="Original Kafka value, base64 (empty when null).")
+    timestamp_ms: int | None = Field(default=None, description="Kafka timestamp of the input.")
+
+    @staticmethod
+    def encode(raw: bytes | None) -> str:
+        """Base64 text of raw bytes; ``None`` (a Kafka tombstone) encodes as ``""``.
+
+        >>> DeadLetter.encode(b"\\xff")
+        '/w=='
+        """
+        return base64.b64encode(raw or b"").decode("ascii")
+
+    def original(self) -> bytes:
+        """The original value's bytes, exactly as read."""
+        return base64.b64decode(self.original_b64)
+
+    def original_key(self) -> bytes | None:
+        """The original key's bytes, or ``None`` when the record had no key."""
+        return None if self.key_b64 is None else base64.b64decode(self.key_b64)

@@ -1,0 +1,140 @@
+"""Run settings: one frozen, validated model built from flags, environment and a file.
+
+Precedence, highest first: explicit values (CLI flags), ``KASCADE_*`` environment
+variables (nested with ``__``, e.g. ``KASCADE_KAFKA__BROKERS``), a TOML config file,
+defaults. Cross-field rules are checked when the settings are built, so a bad
+combination fails at start-up, not mid-stream.
+
+>>> s = Settings(kafka={"brokers": "10.0.0.5:9092"})
+>>> s.kafka.client_config()["bootstrap.servers"]
+'10.0.0.5:9092'
+"""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+class KafkaSettings(BaseModel):
+    """Where the stream lives and how to reach it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    brokers: str = Field(default="127.0.0.1:9092", min_length=1)
+    input_topic: str = Field(default="kascade-text-in", min_length=1)
+    output_topic: str = Field(default="kascade-labels-out", min_length=1)
+    dead_letter_topic: str = Field(default="kascade-dead-letter", min_length=1)
+    security_protocol: SecurityProtocol = "PLAINTEXT"
+    sasl_mechanism: SaslMechanism | None = None
+    sasl_username: str | None = None
+    sasl_password: SecretStr | None = None
+    ssl_ca_location: Path | None = None
+    extra: dict[str, str] = Field(
+        default_factory=dict,
+        description="Further librdkafka properties, passed through unchanged.",
+    )
+    connect_timeout_s: float = Field(default=15.0, gt=0, le=600)
+    tail: bool = Field(
+        default=True, description="Keep waiting for new records; false stops at the end."
+    )
+    fetch_wait_max_ms: int = Field(
+        default=20,
+        ge=0,
+        le=5000,
+        description="librdkafka's default (500) adds latency to every quiet partition.",
+    )
+
+    @model_validator(mode="after")
+    def _sasl_is_complete(self) -> KafkaSettings:
+        if self.security_protocol.startswith("SASL"):
+            missing = [
+                name
+                for name in ("sasl_mechanism", "sasl_username", "sasl_password")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                raise ValueError(f"{self.security_protocol} needs {', '.join(missing)}")
+        return self
+
+    def client_config(self) -> dict[str, str]:
+        """librdkafka properties shared by consumers, producers and admin clients.
+
+        The password is revealed only here, for the client; reprs show ``**********``.
+        """
+        config = {
+            "bootstrap.servers": self.brokers,
+            "security.protocol": self.security_protocol,
+        }
+        if self.sasl_mechanism:
+            config["sasl.mechanism"] = self.sasl_mechanism
+        if self.sasl_username is not None:
+            config["sasl.username"] = self.sasl_username
+        if self.sasl_password is not None:
+            config["sasl.password"] = self.sasl_password.get_secret_value()
+        if self.ssl_ca_location is not None:
+            config["ssl.ca.location"] = str(self.ssl_ca_location)
+        config.update(self.extra)
+        return config
+
+
+class Settings(BaseSettings):
+    """Everything a kascade run needs, validated before anything starts."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="KASCADE_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    max_text_bytes: int = Field(
+        default=1_000_000,
+        gt=0,
+        description="Larger input values are dead-lettered as oversize before parsing.",
+    )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        config_file = _config_file.get()
+        if config_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=config_file))
+        return tuple(sources)
+
+
+# Which TOML file the Settings being built reads; a context variable rather than a
+# class attribute so concurrent loads (tests, threads) cannot see each other's file.
+_config_file: ContextVar[Path | None] = ContextVar("kascade_config_file", default=None)
+
+
+def load_settings(config_file: Path | None = None, **overrides: Any) -> Settings:
+    """Settings from ``overrides`` (flags) > environment > ``config_file`` (TOML) > defaults.
+
+    Nested overrides are dicts (``kafka={"brokers": ...}``) merged key by key into the
+    lower sources, so a flag for one Kafka field keeps the others from the file.
+    """
+    if config_file is not None and not Path(config_file).is_file():
+        raise FileNotFoundError(f"config file not found: {config_file}")
+    token = _config_file.set(Path(config_file) if config_file is not None else None)
+    try:
+        return Settings(**overrides)
+    finally:
+        _config_file.reset(token)

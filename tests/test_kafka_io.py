@@ -1,0 +1,53 @@
+"""Kafka edges against the real broker: bounded start-up, and deliveries that cannot vanish."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from dataflow.consume import read_all
+from dataflow.kafka_io import DeliveryCheckedSink, DeliveryFailed, KafkaUnavailable, check_cluster
+from dataflow.local_broker import free_port
+from schemas.settings import KafkaSettings
+
+pytestmark = pytest.mark.kafka
+
+
+def test_an_unreachable_broker_fails_with_a_clear_error_within_the_timeout() -> None:
+    settings = KafkaSettings(brokers=f"127.0.0.1:{free_port()}", connect_timeout_s=2)
+    start = time.monotonic()
+    with pytest.raises(KafkaUnavailable, match=r"cannot reach Kafka at 127\.0\.0\.1"):
+        check_cluster(settings, ["anything"])
+    assert time.monotonic() - start < 10
+
+
+def test_a_missing_topic_is_named_in_the_error(kafka_bootstrap: str, topic_factory) -> None:
+    present = topic_factory("present", partitions=3)
+    settings = KafkaSettings(brokers=kafka_bootstrap)
+    with pytest.raises(KafkaUnavailable, match="no topic 'absent-topic'"):
+        check_cluster(settings, [present, "absent-topic"])
+    assert check_cluster(settings, [present]) == {present: 3}
+
+
+def test_the_sink_delivers_every_record_keyed_by_its_key(
+    kafka_bootstrap: str, topic_factory
+) -> None:
+    topic = topic_factory("sink", partitions=2)
+    part = DeliveryCheckedSink(KafkaSettings(brokers=kafka_bootstrap), topic).build("s", 0, 1)
+    part.write_batch([(f"k{i}".encode(), f"v{i}".encode()) for i in range(50)])
+    part.close()
+    got = read_all(KafkaSettings(brokers=kafka_bootstrap), topic, expect=50)
+    assert sorted(got) == sorted((f"k{i}".encode(), f"v{i}".encode()) for i in range(50))
+
+
+def test_a_failed_delivery_raises_instead_of_vanishing(kafka_bootstrap: str) -> None:
+    # The local broker does not auto-create topics, so this write can never succeed;
+    # Bytewax's own KafkaSink would drop it without a word.
+    settings = KafkaSettings(
+        brokers=kafka_bootstrap,
+        extra={"message.timeout.ms": "1500", "topic.metadata.refresh.interval.ms": "200"},
+    )
+    part = DeliveryCheckedSink(settings, "no-such-topic-here", flush_timeout_s=10).build("s", 0, 1)
+    with pytest.raises(DeliveryFailed, match="no-such-topic-here"):
+        part.write_batch([(b"k", b"v")])
