@@ -2,7 +2,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev
+EXTRAS ?= dev,export,bench
 PYTEST_ARGS ?=
 
 .PHONY: install demo test lint broker-start broker-stop schemas

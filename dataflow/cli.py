@@ -16,6 +16,9 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from dataflow.kafka_io import KafkaUnavailable
+from schemas.manifest import ManifestMismatch
+from toolchain import ToolchainError
+from toolchain.cli import needs_torch_message
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,12 +49,36 @@ def _kafka_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in names.items() if v is not None}
 
 
-def _settings(args: argparse.Namespace, **kafka_extra: Any) -> Any:
+def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    flat = {
+        "model_dir": args.model_dir,
+        "workers": args.workers,
+        "aggregation": args.aggregation,
+        "recovery_dir": args.recovery_dir,
+        "snapshot_interval_s": args.snapshot_interval,
+        "metrics_port": args.metrics_port,
+    }
+    out: dict[str, Any] = {k: v for k, v in flat.items() if v is not None}
+    chunking = {"max_tokens": args.chunk_tokens, "overlap": args.overlap}
+    encoder = {"threads": args.threads, "micro_batch": args.micro_batch}
+    if any(v is not None for v in chunking.values()):
+        out["chunking"] = {k: v for k, v in chunking.items() if v is not None}
+    if any(v is not None for v in encoder.values()):
+        out["encoder"] = {k: v for k, v in encoder.items() if v is not None}
+    return out
+
+
+def _settings(
+    args: argparse.Namespace, *, extra: dict[str, Any] | None = None, **kafka_extra: Any
+) -> Any:
     from schemas.settings import load_settings
 
     kafka = _kafka_overrides(args) | kafka_extra
+    overrides = dict(extra or {})
+    if kafka:
+        overrides["kafka"] = kafka
     try:
-        return load_settings(args.config, kafka=kafka) if kafka else load_settings(args.config)
+        return load_settings(args.config, **overrides)
     except ValidationError as e:
         first = e.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
@@ -61,12 +88,20 @@ def _settings(args: argparse.Namespace, **kafka_extra: Any) -> Any:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
-    from dataflow.flow import build_passthrough_flow
+    from dataflow.flow import build_flow
     from dataflow.runner import run
 
-    settings = _settings(args, **({"tail": False} if args.bounded else {}))
-    run(settings, build_passthrough_flow)
-    return 0
+    settings = _settings(
+        args, extra=_run_overrides(args), **({"tail": False} if args.bounded else {})
+    )
+    if settings.model_dir is None:
+        raise CliError(
+            "no model: pass --model-dir DIR (or KASCADE_MODEL_DIR, or model_dir in --config)"
+        )
+    from operators.encoder import load_model_dir
+
+    load_model_dir(settings.model_dir)  # a bad model directory fails before Kafka is touched
+    return run(settings, build_flow)
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
@@ -84,7 +119,9 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from dataflow.demo import demo
 
-    return demo(brokers=args.brokers, port=args.port, keep_broker=args.keep_broker)
+    return demo(
+        brokers=args.brokers, port=args.port, keep_broker=args.keep_broker, model_dir=args.model_dir
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,6 +134,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--bounded", action="store_true", help="stop at the end of the input instead of tailing"
     )
+    g = p.add_argument_group("job")
+    g.add_argument("--model-dir", type=Path, help="model directory (kascade export/quantize)")
+    g.add_argument("--workers", type=int, help="worker processes on this host (default 1)")
+    g.add_argument("--threads", type=int, help="ONNX Runtime threads per worker (default 1)")
+    g.add_argument("--micro-batch", type=int, help="chunks per model call (default 1)")
+    g.add_argument("--chunk-tokens", type=int, help="tokens per chunk (default 256)")
+    g.add_argument("--overlap", type=int, help="tokens shared by neighbouring chunks (default 32)")
+    g.add_argument("--aggregation", choices=["token_mean", "max", "majority"])
+    g.add_argument("--recovery-dir", type=Path, help="enable crash recovery (Bytewax snapshots)")
+    g.add_argument("--snapshot-interval", type=float, help="seconds between snapshots (default 5)")
+    g.add_argument("--metrics-port", type=int, help="Prometheus port (process i uses port + i)")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("topics", help="create the input, output and dead-letter topics")
@@ -110,7 +158,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--brokers", help="use this cluster instead of starting a local broker")
     p.add_argument("--port", type=int, default=9092, help="local broker port")
     p.add_argument("--keep-broker", action="store_true", help="leave the local broker running")
+    p.add_argument("--model-dir", type=Path, help="model directory (default: build the demo model)")
     p.set_defaults(func=_cmd_demo)
+
+    from toolchain.cli import register
+
+    register(sub)
     return parser
 
 
@@ -122,11 +175,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     # librdkafka reports transient conditions (retries, config hints) as warnings.
     logging.getLogger("kascade.rdkafka").setLevel(logging.INFO if args.verbose else logging.ERROR)
+    if not args.verbose:
+        # onnxruntime's quantizer logs advice (opset upgrades, pre-processing) on every
+        # call, partly through the root logger; the toolchain validates its output itself.
+        for handler in logging.getLogger().handlers:
+            handler.addFilter(lambda r: "onnxruntime" not in r.pathname)
     try:
         return int(args.func(args))
-    except (CliError, KafkaUnavailable) as e:
+    except (CliError, KafkaUnavailable, ToolchainError, ManifestMismatch) as e:
         print(f"kascade: {e}", file=sys.stderr)
         return 1
+    except ImportError as e:
+        if e.name in ("torch", "transformers", "sklearn", "onnxscript", "tqdm"):
+            print(f"kascade: {needs_torch_message(e)}", file=sys.stderr)
+            return 1
+        raise
     except KeyboardInterrupt:
         return 130
 

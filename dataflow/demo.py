@@ -1,8 +1,9 @@
 """``kascade demo``: the whole job on its embedded defaults, printed as tables.
 
-Starts a local broker unless one is given, creates fresh topics for this run, sends
-the bundled sample documents plus a few malformed records, runs the flow until the
-input is drained, and prints what reached the output and dead-letter topics.
+Starts a local broker unless one is given, builds (once) or takes the default model,
+creates fresh topics for this run, sends the bundled sample documents plus a few
+malformed records, runs the classifying flow until the input is drained, and prints
+what reached the output and dead-letter topics.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from rich.console import Console
 from rich.table import Table
 
 from dataflow.consume import read_all
-from dataflow.flow import build_passthrough_flow
+from dataflow.flow import build_flow
 from dataflow.kafka_io import client_config, create_topics
 from dataflow.local_broker import ensure_local_broker
 from dataflow.runner import run
-from schemas import DeadLetter
+from schemas import DeadLetter, OutputRecord
 from schemas.settings import KafkaSettings, Settings
 
-SAMPLES = Path(__file__).with_name("demo_documents.jsonl")
+SAMPLES = Path(__file__).with_name("demo") / "documents.jsonl"
+MODEL_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "models"
 
 # Records a real producer gets wrong, to show where they end up.
 MALFORMED: list[bytes] = [
@@ -42,8 +44,12 @@ def _send(kafka: KafkaSettings, topic: str, values: list[tuple[bytes | None, byt
         raise RuntimeError(f"could not deliver the demo records to {topic}")
 
 
-def demo(*, brokers: str | None, port: int, keep_broker: bool) -> int:
+def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path | None) -> int:
     console = Console()
+    if model_dir is None:
+        from toolchain.demo_model import ensure_demo_model
+
+        model_dir = ensure_demo_model(MODEL_CACHE)
     broker = None
     if brokers is None:
         broker = ensure_local_broker(port)
@@ -57,7 +63,7 @@ def demo(*, brokers: str | None, port: int, keep_broker: bool) -> int:
             dead_letter_topic=f"kascade-demo-{run_id}-dead-letter",
             tail=False,
         )
-        settings = Settings(kafka=kafka)
+        settings = Settings(kafka=kafka, model_dir=model_dir)
         create_topics(
             kafka, {kafka.input_topic: 2, kafka.output_topic: 2, kafka.dead_letter_topic: 1}
         )
@@ -68,18 +74,22 @@ def demo(*, brokers: str | None, port: int, keep_broker: bool) -> int:
             f"sent {len(docs)} documents and {len(MALFORMED)} malformed records to "
             f"[bold]{kafka.input_topic}[/] on {brokers}"
         )
-        run(settings, build_passthrough_flow)
+        run(settings, build_flow)
 
-        out = read_all(kafka, kafka.output_topic)
-        table = Table(title=f"{kafka.output_topic}: {len(out)} records")
-        table.add_column("id")
-        table.add_column("lang")
-        table.add_column("text")
-        for _, value in sorted(out, key=lambda kv: kv[0] or b""):
-            rec = json.loads(value)
-            text = rec["text"]
+        texts = {json.loads(d)["id"]: json.loads(d)["text"] for d in docs}
+        out = [OutputRecord.model_validate_json(v) for _, v in read_all(kafka, kafka.output_topic)]
+        table = Table(title=f"{kafka.output_topic}: {len(out)} records ({model_dir.name})")
+        for col in ("id", "label", "score", "chunks", "ms", "text"):
+            table.add_column(col, justify="right" if col in ("score", "chunks", "ms") else "left")
+        for rec in sorted(out, key=lambda r: r.id):
+            text = texts.get(rec.id, "").strip()
             table.add_row(
-                rec["id"], rec.get("lang") or "", text[:70] + ("…" if len(text) > 70 else "")
+                rec.id,
+                rec.label or "(no text)",
+                f"{rec.score:.2f}",
+                str(rec.chunks.total),
+                f"{rec.latency_ms:.0f}",
+                text[:48] + ("…" if len(text) > 48 else ""),
             )
         console.print(table)
 

@@ -11,8 +11,13 @@ from bytewax.connectors.kafka import KafkaError
 from bytewax.dataflow import Dataflow, Stream
 
 from dataflow.kafka_io import DeliveryCheckedSink, source
+from operators import metrics
+from operators.chunking import chunk
+from operators.encoder import Loaded, classify, load_model_dir
+from operators.reduce import Labeling, assemble
 from operators.validate import Received, kafka_errors, validate
-from schemas import DeadLetter
+from schemas import DeadLetter, ModelIdentity, OutputRecord
+from schemas.manifest import TOKENIZER
 from schemas.settings import Settings
 
 
@@ -29,6 +34,7 @@ def dead_letter_output(dead: Stream[DeadLetter], settings: Settings) -> None:
     """Write dead letters to their topic, keyed like the original record."""
 
     def serialize(d: DeadLetter) -> tuple[bytes | None, bytes]:
+        metrics.DEAD_LETTERS.labels(d.reason.value).inc()
         return d.original_key(), d.model_dump_json().encode()
 
     op.output(
@@ -38,19 +44,43 @@ def dead_letter_output(dead: Stream[DeadLetter], settings: Settings) -> None:
     )
 
 
-def build_passthrough_flow(settings: Settings) -> Dataflow:
-    """Kafka -> validate -> Kafka: every valid document re-emitted, normalized, by id.
+def model_identity(model: Loaded) -> ModelIdentity:
+    m = model.manifest
+    return ModelIdentity(name=m.source, variant=m.variant, manifest_sha256=model.manifest_sha256)
 
-    The foundation the classifying flow builds on; it proves the edges (bounded start,
-    dead letters, delivery-checked output) on their own.
+
+def _serialize_output(record: OutputRecord) -> tuple[bytes, bytes]:
+    metrics.DOCS_OUT.labels(str(record.degraded).lower()).inc()
+    metrics.DOC_LATENCY.observe(record.latency_ms / 1000)
+    return record.id.encode(), record.model_dump_json().encode()
+
+
+def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
+    """The classifying flow: Kafka -> chunks -> full model on any worker -> per-document
+    label -> Kafka, with dead letters for what cannot be read or is too long.
+
+    ``model`` defaults to ``settings.model_dir``, verified against its manifest.
     """
-    flow = Dataflow("kascade_passthrough")
-    docs, dead = ingest(flow, settings)
-    out = op.map(
-        "serialize",
-        docs,
-        lambda r: (r.doc.id.encode(), r.doc.model_dump_json(exclude_none=True).encode()),
+    if model is None:
+        if settings.model_dir is None:
+            raise ValueError("settings.model_dir is required to classify")
+        model = load_model_dir(settings.model_dir)
+    labeling = Labeling(
+        labels=model.manifest.labels,
+        aggregation=settings.aggregation,
+        model=model_identity(model),
     )
-    op.output("kafka_out", out, DeliveryCheckedSink(settings.kafka, settings.kafka.output_topic))
-    dead_letter_output(dead, settings)
+    flow = Dataflow("kascade")
+    docs, dead = ingest(flow, settings)
+    chunked = chunk("chunk", docs, model.directory / TOKENIZER, settings.chunking)
+    # Chunks of one document may run on different workers: the full model is the cost.
+    spread = op.redistribute("spread", chunked.chunks)
+    results = classify("classify", spread, model.directory, settings.encoder)
+    records = assemble("assemble", results, chunked.empty, labeling)
+    op.output(
+        "kafka_out",
+        op.map("serialize", records, _serialize_output),
+        DeliveryCheckedSink(settings.kafka, settings.kafka.output_topic),
+    )
+    dead_letter_output(op.merge("all_dead", dead, chunked.dead), settings)
     return flow

@@ -95,6 +95,8 @@ class Received:
     doc: InputDocument
     position: SourcePosition | None
     timestamp_ms: int | None
+    raw: bytes  # the original value, for a dead letter if a later stage rejects it
+    key: bytes | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +128,8 @@ def validate(
         )
         if isinstance(result, DeadLetter):
             return result
-        return Received(doc=result, position=position, timestamp_ms=ts)
+        assert msg.value is not None  # decode() dead-letters empty values
+        return Received(doc=result, position=position, timestamp_ms=ts, raw=msg.value, key=msg.key)
 
     checked = op.map("check", up, check)
     split = op.branch("split", checked, lambda x: isinstance(x, Received))

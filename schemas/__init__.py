@@ -6,6 +6,7 @@ This package imports nothing else of the project.
 """
 
 from schemas.records import (
+    Aggregation,
     ChunkCounts,
     DeadLetter,
     DeadLetterReason,
@@ -16,6 +17,7 @@ from schemas.records import (
 )
 
 __all__ = [
+    "Aggregation",
     "ChunkCounts",
     "DeadLetter",
     "DeadLetterReason",

@@ -101,7 +101,7 @@ class OutputRecord(BaseModel):
     scores: dict[str, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(
         description="Aggregated probability per label."
     )
-    aggregation: str = Field(description="Reduce strategy that combined the chunk labels.")
+    aggregation: Aggregation = Field(description="Reduce strategy that combined the chunks.")
     chunks: ChunkCounts
     model: ModelIdentity
     latency_ms: float = Field(ge=0.0, description="From Kafka timestamp of the input to emit.")
@@ -113,6 +113,14 @@ class OutputRecord(BaseModel):
     metadata: dict[str, Any] | None = None
 
 
+class Aggregation(StrEnum):
+    """How chunk probabilities become a document label (a closed set)."""
+
+    TOKEN_MEAN = "token_mean"  # mean of probabilities weighted by chunk tokens (default)
+    MAX = "max"  # the label of the single most confident chunk
+    MAJORITY = "majority"  # most chunk votes; ties go to the higher token-weighted mean
+
+
 class DeadLetterReason(StrEnum):
     """Closed set of reasons a record goes to the dead-letter topic."""
 
@@ -121,6 +129,7 @@ class DeadLetterReason(StrEnum):
     SCHEMA = "schema"
     OVERSIZE = "oversize"
     EMPTY = "empty"
+    TOO_LONG = "too_long"
     KAFKA_ERROR = "kafka_error"
     PROCESSING = "processing"
 

@@ -12,6 +12,7 @@ combination fails at start-up, not mid-stream.
 
 from __future__ import annotations
 
+import os
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from schemas.records import Aggregation
 
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
@@ -90,6 +93,41 @@ class KafkaSettings(BaseModel):
         return config
 
 
+class ChunkSettings(BaseModel):
+    """How documents become token chunks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(
+        default=256, ge=64, le=8192, description="Tokens per chunk, special tokens included."
+    )
+    overlap: int = Field(default=32, ge=0, description="Tokens shared by consecutive chunks.")
+    max_chunks: int = Field(
+        default=256, ge=1, description="Longer documents are dead-lettered as too_long."
+    )
+
+    @model_validator(mode="after")
+    def _overlap_fits(self) -> ChunkSettings:
+        if self.overlap >= self.max_tokens // 2:
+            raise ValueError("overlap must be less than half of max_tokens")
+        return self
+
+
+class EncoderSettings(BaseModel):
+    """How the full model runs on each worker process."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    threads: int = Field(default=1, ge=1, description="ONNX Runtime intra-op threads.")
+    micro_batch: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="1: one chunk per call, no padding (fastest measured on CPU);"
+        " more: length-sorted padded batches.",
+    )
+
+
 class Settings(BaseSettings):
     """Everything a kascade run needs, validated before anything starts."""
 
@@ -103,6 +141,34 @@ class Settings(BaseSettings):
         gt=0,
         description="Larger input values are dead-lettered as oversize before parsing.",
     )
+    model_dir: Path | None = Field(default=None, description="Model directory to serve.")
+    chunking: ChunkSettings = Field(default_factory=ChunkSettings)
+    encoder: EncoderSettings = Field(default_factory=EncoderSettings)
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    workers: int = Field(default=1, ge=1, le=256, description="Worker processes on this host.")
+    recovery_dir: Path | None = Field(
+        default=None, description="Bytewax recovery store; enables resuming after a crash."
+    )
+    snapshot_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    metrics_port: int | None = Field(
+        default=None, ge=1, le=65535, description="Prometheus port of process 0 (+i for i)."
+    )
+    metrics_host: str = Field(default="127.0.0.1", description="Address the metrics bind.")
+    allow_oversubscribe: bool = Field(
+        default=False, description="Allow workers x threads above this host's cores."
+    )
+
+    @model_validator(mode="after")
+    def _fits_the_host(self) -> Settings:
+        cores = os.cpu_count() or 1
+        wanted = self.workers * self.encoder.threads
+        if wanted > cores and not self.allow_oversubscribe:
+            raise ValueError(
+                f"workers x threads = {wanted} exceeds this host's {cores} cores;"
+                " CPU inference slows down when oversubscribed (allow_oversubscribe=true"
+                " to insist)"
+            )
+        return self
 
     @classmethod
     def settings_customise_sources(

@@ -74,3 +74,6 @@ def kafka_settings(kafka_bootstrap: str, topic_factory: TopicFactory) -> KafkaSe
         dead_letter_topic=topic_factory("dlq"),
         tail=False,
     )
+
+
+pytest_plugins = ["toolchain_fixtures"]

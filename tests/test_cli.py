@@ -48,7 +48,7 @@ def test_an_invalid_setting_from_the_environment_is_one_line_and_exit_1() -> Non
     ]
 
 
-def test_running_against_an_unreachable_broker_fails_fast_with_one_line() -> None:
+def test_running_against_an_unreachable_broker_fails_fast_with_one_line(exported) -> None:
     start = time.monotonic()
     r = subprocess.run(
         [
@@ -57,6 +57,8 @@ def test_running_against_an_unreachable_broker_fails_fast_with_one_line() -> Non
             "dataflow.cli",
             "run",
             "--bounded",
+            "--model-dir",
+            str(exported["bert"]),
             "--brokers",
             f"127.0.0.1:{free_port()}",
         ],

@@ -1,0 +1,1 @@
+"""kascade's benchmark harness: scripts that measure the four claims on this machine."""

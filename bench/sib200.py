@@ -1,0 +1,76 @@
+"""Splits of SIB-200 for the benchmarks, written to a work folder (never committed).
+
+English train (701 sentences) is split once, seeded: ``finetune`` (300) trains the
+reference model; ``holdout`` (the last 301) is never seen by training, calibration or
+selection and is where agreement is reported; ``calibration`` (the other 100 plus
+English dev, 199) is unseen text for choosing quantization variants and cascade
+thresholds. ``holdout-<lang>`` are the other languages' translations of the held-out
+sentences: low-margin stress tests.
+
+    python -m bench.sib200 --data ../shared/data/sib200 --out runs/sib200
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import random
+from pathlib import Path
+
+
+def read(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+def write(path: Path, rows: list[dict]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8", newline="") as f:
+        w = csv.DictWriter(
+            f,
+            fieldnames=["index_id", "category", "text"],
+            delimiter="\t",
+            quoting=csv.QUOTE_NONE,
+            escapechar="\\",
+            extrasaction="ignore",
+        )
+        w.writeheader()
+        w.writerows(rows)
+    tmp.replace(path)
+
+
+def split(
+    data: Path, out: Path, *, finetune: int = 300, holdout: int = 301, seed: int = 13
+) -> dict[str, int]:
+    train = read(data / "eng_Latn" / "train.tsv")
+    order = list(range(len(train)))
+    random.Random(seed).shuffle(order)
+    dev = read(data / "eng_Latn" / "dev.tsv")
+    parts = {
+        "finetune": [train[i] for i in order[:finetune]],
+        "calibration": [train[i] for i in order[finetune:-holdout]] + dev,
+        "holdout": [train[i] for i in order[-holdout:]],
+        "dev": dev,
+    }
+    holdout_ids = {r["index_id"] for r in parts["holdout"]}
+    for lang_dir in sorted(p for p in data.iterdir() if p.is_dir() and p.name != "eng_Latn"):
+        rows = read(lang_dir / "train.tsv")
+        # Translations of the held-out sentences only: the model never saw their meaning.
+        parts[f"holdout-{lang_dir.name}"] = [r for r in rows if r["index_id"] in holdout_ids]
+    for name, rows in parts.items():
+        write(out / f"{name}.tsv", rows)
+    return {name: len(rows) for name, rows in parts.items()}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    for name, n in split(args.data, args.out).items():
+        print(f"{name}: {n}")
+
+
+if __name__ == "__main__":
+    main()

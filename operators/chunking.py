@@ -1,0 +1,211 @@
+"""Token chunks of a document: fixed-size windows with overlap, special tokens on each.
+
+The window arithmetic is the pure function :func:`windows`; :func:`chunk_text` applies
+it to a ``tokenizers`` encoding and keeps each chunk's character offsets.
+
+>>> windows(10, size=4, overlap=1)
+[(0, 4), (3, 7), (6, 10)]
+>>> windows(0, size=4, overlap=1)
+[]
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import bytewax.operators as op
+import numpy as np
+from bytewax.dataflow import Stream, operator
+from tokenizers import Tokenizer
+
+from operators import metrics
+from operators.items import ChunkTask, DocMeta
+from operators.validate import Received
+from schemas import DeadLetter, DeadLetterReason
+from schemas.settings import ChunkSettings
+
+
+def windows(n: int, *, size: int, overlap: int) -> list[tuple[int, int]]:
+    """``[start, end)`` windows of at most ``size`` over ``n`` items, ``overlap`` shared.
+
+    Every item is covered; consecutive windows share exactly ``overlap`` items; the last
+    window ends at ``n`` and may be shorter.
+    """
+    if size < 1:
+        raise ValueError("size must be at least 1")
+    if not 0 <= overlap < size:
+        raise ValueError("overlap must be in [0, size)")
+    if n <= 0:
+        return []
+    step = size - overlap
+    out = []
+    start = 0
+    while True:
+        end = min(start + size, n)
+        out.append((start, end))
+        if end == n:
+            return out
+        start += step
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One window of a document, ready for the model."""
+
+    index: int
+    ids: np.ndarray  # int64 token ids, special tokens included
+    start_char: int
+    end_char: int
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.ids)
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """The ids a tokenizer's template puts before and after a single sequence."""
+
+    prefix: tuple[int, ...]
+    suffix: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer) -> SpecialTokens:
+        # Encode a probe and read where the template put its special tokens; works for
+        # BERT ([CLS] x [SEP]), RoBERTa/XLM-R (<s> x </s>) and ModernBERT alike.
+        enc = tokenizer.encode("a", add_special_tokens=True)
+        mask = enc.special_tokens_mask
+        content = [i for i, m in enumerate(mask) if not m]
+        if not content:
+            return cls(tuple(enc.ids), ())
+        return cls(tuple(enc.ids[: content[0]]), tuple(enc.ids[content[-1] + 1 :]))
+
+    def __len__(self) -> int:
+        return len(self.prefix) + len(self.suffix)
+
+
+class ChunkLimitExceeded(ValueError):
+    """A document needs more chunks than the configured per-document limit."""
+
+
+def chunk_text(
+    text: str,
+    tokenizer: Tokenizer,
+    *,
+    max_tokens: int,
+    overlap: int,
+    max_chunks: int,
+    specials: SpecialTokens | None = None,
+) -> list[Chunk]:
+    """Chunks of ``text`` of at most ``max_tokens`` ids each (special tokens included).
+
+    Empty or whitespace-only text has no chunks. A document needing more than
+    ``max_chunks`` chunks raises :class:`ChunkLimitExceeded` (so it can be dead-lettered
+    with its reason rather than silently truncated).
+    """
+    specials = specials or SpecialTokens.of(tokenizer)
+    room = max_tokens - len(specials)
+    if room < 1:
+        raise ValueError(f"max_tokens {max_tokens} leaves no room next to special tokens")
+    if not text.strip():
+        return []
+    enc = tokenizer.encode(text, add_special_tokens=False)
+    spans = windows(len(enc.ids), size=room, overlap=min(overlap, room - 1))
+    if len(spans) > max_chunks:
+        raise ChunkLimitExceeded(
+            f"{len(enc.ids)} tokens make {len(spans)} chunks; the limit is {max_chunks}"
+        )
+    ids = np.asarray(enc.ids, dtype=np.int64)
+    prefix = np.asarray(specials.prefix, dtype=np.int64)
+    suffix = np.asarray(specials.suffix, dtype=np.int64)
+    return [
+        Chunk(
+            index=i,
+            ids=np.concatenate([prefix, ids[a:b], suffix]),
+            start_char=enc.offsets[a][0],
+            end_char=enc.offsets[b - 1][1],
+        )
+        for i, (a, b) in enumerate(spans)
+    ]
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A ``tokenizer.json`` with its saved truncation and padding switched off.
+
+    Checkpoints often ship ``tokenizer.json`` with truncation at 128 or 512 tokens;
+    left on, a long document would silently become one truncated chunk.
+    """
+    tok = Tokenizer.from_file(str(path))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str) -> tuple[Tokenizer, SpecialTokens]:
+    tok = load_tokenizer(path)
+    return tok, SpecialTokens.of(tok)
+
+
+@dataclass(frozen=True)
+class ChunkOut:
+    """Chunks to classify, documents without tokens, and documents that were too long."""
+
+    chunks: Stream[ChunkTask]
+    empty: Stream[DocMeta]
+    dead: Stream[DeadLetter]
+
+
+@operator
+def chunk(
+    step_id: str, up: Stream[Received], tokenizer_path: Path, settings: ChunkSettings
+) -> ChunkOut:
+    """Split each document into :class:`ChunkTask` items (tokenizer loaded once per process)."""
+
+    def split(r: Received) -> list[ChunkTask | DocMeta | DeadLetter]:
+        tok, specials = _tokenizer(str(tokenizer_path))
+        metrics.DOCS_IN.inc()
+        with metrics.STAGE_SECONDS.labels("chunk").time():
+            try:
+                chunks = chunk_text(
+                    r.doc.text,
+                    tok,
+                    max_tokens=settings.max_tokens,
+                    overlap=settings.overlap,
+                    max_chunks=settings.max_chunks,
+                    specials=specials,
+                )
+            except ChunkLimitExceeded as e:
+                return [
+                    DeadLetter(
+                        reason=DeadLetterReason.TOO_LONG,
+                        detail=str(e),
+                        stage=step_id,
+                        source=r.position,
+                        key_b64=None if r.key is None else DeadLetter.encode(r.key),
+                        original_b64=DeadLetter.encode(r.raw),
+                        timestamp_ms=r.timestamp_ms,
+                    )
+                ]
+        meta = DocMeta(
+            id=r.doc.id,
+            total_chunks=len(chunks),
+            lang=r.doc.lang,
+            metadata=r.doc.metadata,
+            timestamp_ms=r.timestamp_ms,
+        )
+        if not chunks:
+            return [meta]
+        metrics.CHUNKS_IN.inc(len(chunks))
+        return [ChunkTask(meta, c.index, c.ids, c.n_tokens) for c in chunks]
+
+    items = op.flat_map("split", up, split)
+    is_chunk = op.branch("is_chunk", items, lambda x: isinstance(x, ChunkTask))
+    is_meta = op.branch("is_empty", is_chunk.falses, lambda x: isinstance(x, DocMeta))
+    return ChunkOut(
+        chunks=is_chunk.trues,  # type: ignore[arg-type]
+        empty=is_meta.trues,  # type: ignore[arg-type]
+        dead=is_meta.falses,  # type: ignore[arg-type]
+    )

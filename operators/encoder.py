@@ -1,0 +1,199 @@
+"""The quantized model as ONNX Runtime sessions: one per worker process, created once.
+
+A model directory (see :mod:`schemas.manifest`) holds the full graph and three stage
+graphs cut from it. :class:`Encoder` verifies the manifest, loads the tokenizer and the
+graphs, and classifies one chunk per call without padding (measured fastest on CPU);
+``logits_batch`` pads for the comparisons the benchmarks make.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import bytewax.operators as op
+import numpy as np
+import onnxruntime as ort
+from bytewax.dataflow import Stream, operator
+from tokenizers import Tokenizer
+
+from operators import metrics
+from operators.chunking import load_tokenizer
+from operators.items import ChunkResult, ChunkTask
+from schemas.manifest import (
+    EMBED_GRAPH,
+    FULL_GRAPH,
+    PREFIX_GRAPH,
+    SUFFIX_GRAPH,
+    TOKENIZER,
+    ModelManifest,
+    read_manifest,
+)
+from schemas.settings import EncoderSettings
+
+Graphs = Literal["full", "stages"]
+
+
+def session(path: Path, threads: int) -> ort.InferenceSession:
+    """A CPU session with an explicit thread count, so workers x threads <= cores."""
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    # Spinning threads burn the core a sibling worker process needs.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    """Row-wise softmax, stable for large logits.
+
+    >>> softmax(np.array([0.0, 0.0])).tolist()
+    [0.5, 0.5]
+    """
+    z = logits - logits.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """A verified model directory."""
+
+    directory: Path
+    manifest: ModelManifest
+    manifest_sha256: str
+    tokenizer: Tokenizer
+
+    def encode(self, text: str) -> np.ndarray:
+        """Token ids with special tokens, truncated to the model's maximum length."""
+        ids = self.tokenizer.encode(text).ids
+        limit = self.manifest.max_length
+        if len(ids) > limit:
+            ids = ids[: limit - 1] + ids[-1:]  # keep the closing special token
+        return np.asarray(ids, dtype=np.int64)
+
+
+def load_model_dir(directory: Path | str, *, verify: bool = True) -> Loaded:
+    """Manifest (hashes checked), and the tokenizer of a model directory."""
+    directory = Path(directory)
+    manifest, digest = read_manifest(directory, verify=verify)
+    tokenizer = load_tokenizer(directory / TOKENIZER)
+    return Loaded(directory, manifest, digest, tokenizer)
+
+
+class Encoder:
+    """Classifies token-id sequences with the model directory's ONNX graphs.
+
+    ``graphs="full"`` loads only the full graph (one session); ``"stages"`` loads the
+    embed, prefix and suffix graphs, which the cascade runs piecewise.
+    """
+
+    def __init__(self, model: Loaded, *, threads: int = 1, graphs: Graphs = "full") -> None:
+        self.model = model
+        self.graphs = graphs
+        d = model.directory
+        if graphs == "full":
+            self._full = session(d / FULL_GRAPH, threads)
+        else:
+            self._embed = session(d / EMBED_GRAPH, threads)
+            self._prefix = session(d / PREFIX_GRAPH, threads)
+            self._suffix = session(d / SUFFIX_GRAPH, threads)
+
+    @property
+    def labels(self) -> list[str]:
+        return self.model.manifest.labels
+
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        """Logits of one sequence (no padding): shape ``(num_labels,)``."""
+        ids2 = ids.reshape(1, -1)
+        mask = np.ones_like(ids2)
+        if self.graphs == "full":
+            return self._full.run(["logits"], {"input_ids": ids2, "attention_mask": mask})[0][0]
+        emb = self.embeddings(ids2, mask)
+        hidden = self.prefix(emb, mask)
+        return self.suffix(hidden, mask)[0]
+
+    def logits_batch(self, seqs: list[np.ndarray]) -> np.ndarray:
+        """Logits of several sequences in one padded call: shape ``(n, num_labels)``."""
+        width = max(len(s) for s in seqs)
+        pad = self.model.manifest.pad_token_id
+        ids = np.full((len(seqs), width), pad, dtype=np.int64)
+        mask = np.zeros((len(seqs), width), dtype=np.int64)
+        for i, s in enumerate(seqs):
+            ids[i, : len(s)] = s
+            mask[i, : len(s)] = 1
+        if self.graphs == "full":
+            return self._full.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+        return self.suffix(self.prefix(self.embeddings(ids, mask), mask), mask)
+
+    def embeddings(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
+        mask = np.ones_like(ids) if mask is None else mask
+        return _run(self._embed, {"input_ids": ids, "attention_mask": mask})
+
+    def prefix(self, embeddings: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return _run(self._prefix, {"embeddings": embeddings, "attention_mask": mask})
+
+    def suffix(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return _run(self._suffix, {"hidden": hidden, "attention_mask": mask})
+
+
+def _run(sess: ort.InferenceSession, available: dict[str, np.ndarray]) -> np.ndarray:
+    # A stage graph declares only the inputs it reads (see toolchain.graphs.cut_stages).
+    feed = {i.name: available[i.name] for i in sess.get_inputs()}
+    return sess.run(None, feed)[0]
+
+
+@functools.lru_cache(maxsize=2)
+def worker_encoder(model_dir: str, threads: int, graphs: Graphs = "full") -> Encoder:
+    """One encoder per worker process and model, created on first use.
+
+    The flow builder verifies the manifest before anything runs, so workers skip the
+    second hash pass over the graphs.
+    """
+    return Encoder(load_model_dir(model_dir, verify=False), threads=threads, graphs=graphs)
+
+
+def _classify_all(encoder: Encoder, tasks: list[ChunkTask], micro_batch: int) -> list[ChunkResult]:
+    if micro_batch > 1:
+        # Length-sorted so each padded batch wastes as little as possible.
+        tasks = sorted(tasks, key=lambda t: t.n_tokens)
+    out: list[ChunkResult] = []
+    for start in range(0, len(tasks), micro_batch):
+        group = tasks[start : start + micro_batch]
+        try:
+            with metrics.STAGE_SECONDS.labels("full_model").time():
+                if len(group) == 1:
+                    logits = encoder.logits(group[0].ids)[None, :]
+                else:
+                    logits = encoder.logits_batch([t.ids for t in group])
+            probs = softmax(logits.astype(np.float64))
+            out.extend(
+                ChunkResult(t.doc, t.index, t.n_tokens, p, stage="full")
+                for t, p in zip(group, probs, strict=True)
+            )
+        except Exception as e:  # a failed call is data: the document is marked degraded
+            metrics.CHUNK_FAILURES.inc(len(group))
+            reason = f"full model failed: {type(e).__name__}: {e}"[:500]
+            out.extend(
+                ChunkResult(t.doc, t.index, t.n_tokens, None, stage="full", error=reason)
+                for t in group
+            )
+    metrics.CHUNKS_FULL_MODEL.inc(len(tasks))
+    return out
+
+
+@operator
+def classify(
+    step_id: str, up: Stream[ChunkTask], model_dir: Path, settings: EncoderSettings
+) -> Stream[ChunkResult]:
+    """The full model on each chunk, on whichever worker the chunk landed."""
+
+    def run_batch(tasks: list[ChunkTask]) -> list[ChunkResult]:
+        encoder = worker_encoder(str(model_dir), settings.threads)
+        return _classify_all(encoder, tasks, settings.micro_batch)
+
+    return op.flat_map_batch("full_model", up, run_batch)

@@ -1,0 +1,41 @@
+"""Typed items that travel between the flow's operators (and between worker processes)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DocMeta:
+    """What the reduce step needs to know about a document, carried with each chunk."""
+
+    id: str
+    total_chunks: int
+    lang: str | None
+    metadata: dict[str, Any] | None
+    timestamp_ms: int | None
+
+
+@dataclass(frozen=True)
+class ChunkTask:
+    """A chunk on its way to be classified."""
+
+    doc: DocMeta
+    index: int
+    ids: np.ndarray
+    n_tokens: int
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    """A classified chunk: probabilities, or the error that prevented them."""
+
+    doc: DocMeta
+    index: int
+    n_tokens: int
+    probs: np.ndarray | None
+    stage: str  # "s0" | "s1" | "full"
+    error: str | None = None

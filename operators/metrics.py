@@ -1,0 +1,24 @@
+"""Prometheus metrics of the flow, shared by every operator in a worker process."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Histogram
+
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+DOCS_IN = Counter("kascade_documents_in_total", "Valid documents read from Kafka")
+DOCS_OUT = Counter("kascade_documents_out_total", "Document labels emitted", ["degraded"])
+CHUNKS_IN = Counter("kascade_chunks_total", "Chunks made from documents")
+CHUNKS_FULL_MODEL = Counter("kascade_chunks_full_model_total", "Chunks sent to the full model")
+CHUNK_FAILURES = Counter("kascade_chunk_failures_total", "Chunks whose full-model call failed")
+DEAD_LETTERS = Counter(
+    "kascade_dead_letters_total", "Records sent to the dead-letter topic", ["reason"]
+)
+STAGE_SECONDS = Histogram(
+    "kascade_stage_seconds", "Time spent per item in a stage", ["stage"], buckets=_LATENCY_BUCKETS
+)
+DOC_LATENCY = Histogram(
+    "kascade_document_latency_seconds",
+    "From the input record's Kafka timestamp to the label being emitted",
+    buckets=_LATENCY_BUCKETS,
+)

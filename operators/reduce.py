@@ -1,0 +1,172 @@
+"""Combining chunk verdicts into one document label: a closed set of named strategies.
+
+>>> import numpy as np
+>>> v = [ChunkVerdict(0, 30, np.array([0.9, 0.1])), ChunkVerdict(1, 10, np.array([0.2, 0.8]))]
+>>> aggregate(v, Aggregation.TOKEN_MEAN, ["a", "b"]).label
+'a'
+>>> aggregate(v, Aggregation.MAJORITY, ["a", "b"]).scores
+{'a': 0.5, 'b': 0.5}
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import bytewax.operators as op
+import numpy as np
+from bytewax.dataflow import Stream, operator
+from bytewax.operators import StatefulLogic
+
+from operators.items import ChunkResult, DocMeta
+from schemas import Aggregation, ChunkCounts, ModelIdentity, OutputRecord
+
+
+@dataclass(frozen=True)
+class ChunkVerdict:
+    """A chunk's probabilities (``None`` if no stage could classify it)."""
+
+    index: int
+    n_tokens: int
+    probs: np.ndarray | None
+
+
+@dataclass(frozen=True)
+class DocumentLabel:
+    label: str | None
+    score: float
+    scores: dict[str, float]
+
+
+def _token_mean(probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return (probs * weights[:, None]).sum(axis=0) / weights.sum()
+
+
+def aggregate(
+    verdicts: list[ChunkVerdict], strategy: Aggregation, labels: list[str]
+) -> DocumentLabel:
+    """The document label from its chunks' verdicts; no usable verdict gives ``None``."""
+    usable = [v for v in verdicts if v.probs is not None]
+    if not usable:
+        return DocumentLabel(None, 0.0, {})
+    probs = np.stack([v.probs for v in usable]).astype(np.float64)  # type: ignore[misc]
+    weights = np.asarray([max(v.n_tokens, 1) for v in usable], dtype=np.float64)
+    mean = _token_mean(probs, weights)
+    if strategy is Aggregation.TOKEN_MEAN:
+        scores = mean
+    elif strategy is Aggregation.MAX:
+        peak = probs.max(axis=0)
+        scores = peak / peak.sum()
+    elif strategy is Aggregation.MAJORITY:
+        votes = np.bincount(probs.argmax(axis=1), minlength=len(labels)).astype(np.float64)
+        scores = votes / votes.sum()
+        top = np.flatnonzero(votes == votes.max())
+        winner = int(top[np.argmax(mean[top])])
+        return DocumentLabel(labels[winner], float(scores[winner]), _named(scores, labels))
+    else:  # pragma: no cover - closed enum
+        raise ValueError(strategy)
+    best = int(np.argmax(scores))
+    return DocumentLabel(labels[best], float(scores[best]), _named(scores, labels))
+
+
+def _named(scores: np.ndarray, labels: list[str]) -> dict[str, float]:
+    return {label: float(s) for label, s in zip(labels, scores, strict=True)}
+
+
+@dataclass(frozen=True)
+class Labeling:
+    """What every output record needs besides the chunks: labels, strategy, model."""
+
+    labels: list[str]
+    aggregation: Aggregation
+    model: ModelIdentity
+
+
+@dataclass
+class Assembly:
+    """The chunks of one document seen so far, by index (so a replayed chunk is not
+    counted twice)."""
+
+    meta: DocMeta
+    results: dict[int, ChunkResult] = field(default_factory=dict)
+
+    def add(self, result: ChunkResult) -> None:
+        self.results[result.index] = result
+
+    @property
+    def complete(self) -> bool:
+        return len(self.results) >= self.meta.total_chunks
+
+
+def _wall_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def label_document(
+    meta: DocMeta, results: list[ChunkResult], labeling: Labeling, now_ms: int
+) -> OutputRecord:
+    """The output record of a complete document."""
+    verdicts = [ChunkVerdict(r.index, r.n_tokens, r.probs) for r in results]
+    doc = aggregate(verdicts, labeling.aggregation, labeling.labels)
+    stages = Counter(r.stage for r in results if r.probs is not None)
+    reasons = sorted({r.error for r in results if r.error})
+    latency = 0.0 if meta.timestamp_ms is None else max(0.0, float(now_ms - meta.timestamp_ms))
+    return OutputRecord(
+        id=meta.id,
+        label=doc.label,
+        score=doc.score,
+        scores=doc.scores,
+        aggregation=labeling.aggregation,
+        chunks=ChunkCounts(
+            total=meta.total_chunks,
+            settled_s0=stages["s0"],
+            settled_s1=stages["s1"],
+            full_model=stages["full"],
+            failed=sum(1 for r in results if r.error),
+        ),
+        model=labeling.model,
+        latency_ms=latency,
+        degraded=bool(reasons),
+        reasons=reasons,
+        lang=meta.lang,
+        metadata=meta.metadata,
+    )
+
+
+@dataclass
+class AssembleLogic(StatefulLogic[ChunkResult, OutputRecord, Assembly]):
+    """Per document: collect chunk results; emit one record when all are in."""
+
+    labeling: Labeling
+    state: Assembly | None = None
+    now_ms: Callable[[], int] = _wall_ms
+
+    def on_item(self, value: ChunkResult) -> tuple[list[OutputRecord], bool]:
+        if self.state is None:
+            self.state = Assembly(value.doc)
+        self.state.add(value)
+        if not self.state.complete:
+            return [], StatefulLogic.RETAIN
+        record = label_document(
+            self.state.meta, list(self.state.results.values()), self.labeling, self.now_ms()
+        )
+        return [record], StatefulLogic.DISCARD
+
+    def snapshot(self) -> Assembly:
+        assert self.state is not None
+        return Assembly(self.state.meta, dict(self.state.results))
+
+
+@operator
+def assemble(
+    step_id: str, results: Stream[ChunkResult], empty: Stream[DocMeta], labeling: Labeling
+) -> Stream[OutputRecord]:
+    """One :class:`OutputRecord` per document, from its chunk results (or none at all)."""
+    keyed = op.key_on("by_document", results, lambda r: r.doc.id)
+    records = op.stateful("collect", keyed, lambda resume: AssembleLogic(labeling, resume))
+    no_chunks = op.map(
+        "no_chunks", empty, lambda meta: label_document(meta, [], labeling, _wall_ms())
+    )
+    return op.merge("documents", op.key_rm("unkey", records), no_chunks)

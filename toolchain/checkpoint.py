@@ -1,0 +1,86 @@
+"""Loading Hugging Face classifiers from a local directory or, with internet, a hub id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from toolchain import ToolchainError
+
+SUPPORTED = ("bert", "modernbert", "roberta", "xlm-roberta")
+
+
+def _config(source: str) -> Any:
+    from transformers import AutoConfig
+
+    path = Path(source)
+    if path.exists():
+        if not path.is_dir() or not (path / "config.json").is_file():
+            raise ToolchainError(f"{source} is not a Hugging Face checkpoint (no config.json)")
+    elif source.startswith((".", "/", "~")) or source.count("/") != 1:
+        raise ToolchainError(f"checkpoint not found: {source}")
+    try:
+        config = AutoConfig.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise ToolchainError(
+            f"cannot load the configuration of {source}: {str(e).splitlines()[0]}"
+        ) from None
+    if config.model_type not in SUPPORTED:
+        raise ToolchainError(
+            f"{source}: unsupported architecture {config.model_type!r};"
+            f" supported: {', '.join(SUPPORTED)}"
+        )
+    return config
+
+
+def has_classification_head(config: Any) -> bool:
+    return any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+
+
+def load_classifier(source: str, *, labels: list[str] | None = None):
+    """A sequence classifier in eval mode, on the SDPA attention path the exporter traces.
+
+    With ``labels``, a new classification head is initialized (for fine-tuning a base
+    encoder); without, the checkpoint must already have one.
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    config = _config(source)
+    kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
+    if labels is None:
+        if not has_classification_head(config):
+            raise ToolchainError(
+                f"{source} has no sequence-classification head; fine-tune it with kascade train"
+            )
+    else:
+        kwargs |= {
+            "num_labels": len(labels),
+            "id2label": dict(enumerate(labels)),
+            "label2id": {label: i for i, label in enumerate(labels)},
+            "ignore_mismatched_sizes": True,
+        }
+    try:
+        model = AutoModelForSequenceClassification.from_pretrained(source, **kwargs)
+    except (OSError, ValueError) as e:
+        raise ToolchainError(f"cannot load {source}: {str(e).splitlines()[0]}") from None
+    return model.eval()
+
+
+def labels_of(model: Any) -> list[str]:
+    id2label = model.config.id2label
+    return [id2label[i] for i in range(len(id2label))]
+
+
+def tokenizer_json(source: str, out: Path) -> None:
+    """Write the checkpoint's fast tokenizer as ``tokenizer.json`` into ``out``."""
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as e:
+        raise ToolchainError(
+            f"cannot load the tokenizer of {source}: {str(e).splitlines()[0]}"
+        ) from None
+    if not tok.is_fast:
+        raise ToolchainError(f"{source} has no fast tokenizer (tokenizer.json) to serve with")
+    tok.backend_tokenizer.save(str(out / "tokenizer.json"))

@@ -1,0 +1,247 @@
+"""``kascade train|export|quantize|evaluate``: argument parsing only.
+
+Nothing here imports torch; each command imports its module when it runs, so the
+runtime CLI works without the ``[export]`` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from toolchain import ToolchainError
+
+
+def _data_flags(p: argparse.ArgumentParser, *, labels_required: bool) -> None:
+    p.add_argument("--text-column", default="text")
+    p.add_argument(
+        "--label-column",
+        default="label" if labels_required else None,
+        help="column with the gold label" + ("" if labels_required else " (optional)"),
+    )
+
+
+def _write_json_atomically(path: Path, obj: object) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("variant", "directory") else "right")
+    for r in rows:
+        cells = []
+        for c in columns:
+            v = r.get(c)
+            cells.append("" if v is None else f"{v:.4f}" if isinstance(v, float) else str(v))
+        table.add_row(*cells)
+    Console(width=160).print(table)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from toolchain.data import read_examples
+    from toolchain.train import TrainConfig, train
+
+    train_data = read_examples(
+        args.data, text_column=args.text_column, label_column=args.label_column
+    )
+    dev = (
+        read_examples(args.dev, text_column=args.text_column, label_column=args.label_column)
+        if args.dev
+        else None
+    )
+    config = TrainConfig(
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
+        max_length=args.max_length,
+        seed=args.seed,
+        threads=args.threads,
+    )
+    result = train(args.model, args.out, train_data, dev, config)
+    print(f"wrote {args.out} ({len(result['labels'])} labels)")
+    return 0
+
+
+def _cmd_export(args: argparse.Namespace) -> int:
+    from toolchain.export import export_checkpoint, export_random
+
+    if (args.model is None) == (args.random_init is None):
+        raise ToolchainError("give exactly one of --model and --random-init")
+    if args.model is not None:
+        m = export_checkpoint(
+            args.model, args.out, cascade_layer=args.cascade_layer, max_length=args.max_length
+        )
+    else:
+        labels = [s for s in args.labels.split(",") if s]
+        m = export_random(
+            args.random_init,
+            args.out,
+            labels=labels,
+            seed=args.seed,
+            tokenizer=args.tokenizer,
+            cascade_layer=args.cascade_layer,
+            max_length=args.max_length,
+        )
+    assert m.parity is not None
+    print(
+        f"wrote {args.out}: {m.architecture}, {len(m.labels)} labels, max length {m.max_length};"
+        f" parity max |logit diff| {m.parity.max_abs_logit_diff:.2e}"
+        f" at lengths {m.parity.lengths} + padded batch"
+    )
+    return 0
+
+
+def _cmd_quantize(args: argparse.Namespace) -> int:
+    from toolchain.quantize import PRESETS, quantize_dir
+
+    budgeted = args.min_agreement is not None or args.max_f1_drop is not None
+    if budgeted == (args.preset is not None):
+        raise ToolchainError("give either --preset or a budget (--min-agreement/--max-f1-drop)")
+    if args.preset is not None:
+        if args.preset not in PRESETS:
+            raise ToolchainError(
+                f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}"
+            )
+        m = quantize_dir(args.model, args.out, PRESETS[args.preset])
+        print(f"wrote {args.out}: {m.variant} {m.quantization['op_counts']}")
+        return 0
+    from toolchain.data import read_examples
+    from toolchain.search import DEFAULT_CANDIDATES, Budget, search
+
+    if args.calibration is None:
+        raise ToolchainError(
+            "a budget needs --calibration FILE (text the model was not trained on)"
+        )
+    data = read_examples(
+        args.calibration, text_column=args.text_column, label_column=args.label_column
+    )
+    budget = Budget(min_agreement=args.min_agreement, max_f1_drop=args.max_f1_drop)
+    candidates = tuple(args.candidates.split(",")) if args.candidates else DEFAULT_CANDIDATES
+    result = search(args.model, args.out, data, budget, candidates=candidates)
+    rows = [c.as_dict() for c in result.table]
+    _print_table(
+        f"candidates on {len(data)} calibration texts; budget: {budget.describe()}",
+        rows,
+        ["variant", "agreement", "f1_delta", "ms_per_chunk", "speedup", "size_mb", "meets"],
+    )
+    print(f"chose {result.chosen.name}; wrote {args.out}")
+    return 0
+
+
+def _cmd_evaluate(args: argparse.Namespace) -> int:
+    from toolchain.data import read_examples
+    from toolchain.evaluate import evaluate
+
+    data = read_examples(args.data, text_column=args.text_column, label_column=args.label_column)
+    reference = args.reference or args.models[0]
+    rows = [
+        r.as_dict()
+        for r in evaluate(args.models, data, reference=reference, memory=not args.no_memory)
+    ]
+    _print_table(
+        f"{len(data)} examples from {args.data}; reference {reference}",
+        rows,
+        [
+            "variant",
+            "size_mb",
+            "macro_f1",
+            "accuracy",
+            "f1_delta",
+            "agreement",
+            "ms_per_chunk",
+            "speedup",
+            "peak_rss_mb",
+        ],
+    )
+    if args.json:
+        _write_json_atomically(args.json, {"data": str(args.data), "rows": rows})
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the toolchain's subcommands to the ``kascade`` parser."""
+    p = sub.add_parser("train", help="fine-tune an encoder for classification (needs [export])")
+    p.add_argument("--model", required=True, help="base checkpoint: local directory or hub id")
+    p.add_argument("--data", required=True, type=Path, help="training data (.tsv/.csv/.jsonl)")
+    p.add_argument("--dev", type=Path, help="dev data for macro-F1 after each epoch")
+    p.add_argument("--out", required=True, type=Path)
+    _data_flags(p, labels_required=True)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--learning-rate", type=float, default=5e-5)
+    p.add_argument("--max-length", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None)
+    p.set_defaults(func=_cmd_train)
+
+    p = sub.add_parser("export", help="HF checkpoint -> ONNX model directory with parity check")
+    p.add_argument("--model", help="fine-tuned checkpoint: local directory or hub id")
+    p.add_argument(
+        "--random-init",
+        choices=["mmbert-small", "mmbert-base"],
+        help="mmBERT architecture with seeded random weights (speed/memory only)",
+    )
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument(
+        "--cascade-layer",
+        type=int,
+        default=2,
+        help="layer after which the cascade's early head reads the hidden state",
+    )
+    p.add_argument("--max-length", type=int, default=None, help="default: the model's positions")
+    p.add_argument(
+        "--labels",
+        default="label0,label1,label2,label3,label4,label5,label6",
+        help="comma-separated labels for --random-init",
+    )
+    p.add_argument("--tokenizer", help="tokenizer directory for --random-init")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_export)
+
+    p = sub.add_parser("quantize", help="quantize an FP32 model directory: a preset or a budget")
+    p.add_argument("--model", required=True, type=Path, help="FP32 model directory from export")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument(
+        "--preset",
+        help="fp32, int4emb, int8, int8-int4emb, int8pc-int4emb, "
+        "uint8-int4emb, uint8pc-int4emb, w8-int4emb, int4",
+    )
+    p.add_argument("--min-agreement", type=float, help="budget: argmax agreement with FP32")
+    p.add_argument("--max-f1-drop", type=float, help="budget: macro-F1 drop (needs labels)")
+    p.add_argument("--calibration", type=Path, help="text the model was not trained on")
+    p.add_argument("--candidates", help="comma-separated presets to try")
+    _data_flags(p, labels_required=False)
+    p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser("evaluate", help="F1, agreement, speed and memory of model variants")
+    p.add_argument("models", nargs="+", type=Path, help="model directories")
+    p.add_argument("--data", required=True, type=Path)
+    p.add_argument("--reference", type=Path, help="FP32 directory (default: the first model)")
+    p.add_argument("--json", type=Path, help="also write the table as JSON")
+    p.add_argument("--no-memory", action="store_true", help="skip the peak-RSS probe")
+    _data_flags(p, labels_required=True)
+    p.set_defaults(func=_cmd_evaluate)
+
+
+def needs_torch_message(e: ImportError) -> str:
+    return (
+        f"this command needs the model toolchain ({e.name} is missing):"
+        " pip install 'kascade[export]'"
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use the kascade command")

@@ -1,0 +1,110 @@
+"""ONNX graph surgery shared by export and quantize: cutting the stage graphs, writing a
+model directory atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import onnx
+from onnx.utils import Extractor
+
+from schemas.manifest import (
+    EMBED_GRAPH,
+    FULL_GRAPH,
+    LABELS,
+    PREFIX_GRAPH,
+    SUFFIX_GRAPH,
+    ModelManifest,
+    sha256_file,
+    write_manifest,
+)
+from toolchain import ToolchainError
+
+# Names of the full graph's inputs and outputs; the stage graphs are cut at them.
+INPUTS = ("input_ids", "attention_mask")
+OUTPUTS = ("logits", "embeddings", "hidden")
+
+
+def cut_stages(directory: Path) -> None:
+    """Write embed/prefix/suffix graphs cut from ``directory/model.onnx`` at its outputs."""
+    model = onnx.load(str(directory / FULL_GRAPH))
+    outputs = [o.name for o in model.graph.output]
+    if outputs != list(OUTPUTS):
+        raise ToolchainError(f"{directory / FULL_GRAPH} has outputs {outputs}, expected {OUTPUTS}")
+    extractor = Extractor(model)
+    cuts = {
+        EMBED_GRAPH: (["input_ids"], ["embeddings"]),
+        PREFIX_GRAPH: (["embeddings", "attention_mask"], ["hidden"]),
+        SUFFIX_GRAPH: (["hidden", "attention_mask"], ["logits"]),
+    }
+    for name, (ins, outs) in cuts.items():
+        stage = extractor.extract_model(ins, outs)
+        # The exporter reads dynamic sizes from whichever input carries them (BERT's
+        # embeddings take the sequence length from attention_mask): such a stage also
+        # takes that full-graph input, and the runtime feeds what a stage declares.
+        needed = _undeclared(stage)
+        if needed - set(INPUTS):
+            raise ToolchainError(f"cutting {name}: the graph also needs {sorted(needed)}")
+        if needed:
+            stage = extractor.extract_model(ins + sorted(needed), outs)
+        onnx.save(stage, str(directory / name))
+
+
+def _undeclared(graph_model: onnx.ModelProto) -> set[str]:
+    g = graph_model.graph
+    known = {i.name for i in g.input} | {i.name for i in g.initializer} | {""}
+    for node in g.node:
+        known.update(node.output)
+    return {name for node in g.node for name in node.input if name not in known}
+
+
+def hash_files(directory: Path) -> dict[str, str]:
+    """sha256 of every regular file in ``directory`` except the manifest itself."""
+    return {
+        p.name: sha256_file(p)
+        for p in sorted(directory.iterdir())
+        if p.is_file() and p.name != "manifest.json" and not p.name.startswith(".")
+    }
+
+
+def write_labels(directory: Path, labels: list[str]) -> None:
+    (directory / LABELS).write_text(json.dumps(labels, ensure_ascii=False, indent=2) + "\n")
+
+
+def finish(directory: Path, manifest: ModelManifest) -> ModelManifest:
+    """Hash the directory's files into the manifest and write it; returns what was written."""
+    manifest = manifest.model_copy(update={"files": hash_files(directory)})
+    write_manifest(directory, manifest)
+    return manifest
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def refuse_existing(out: Path) -> None:
+    if out.exists():
+        raise ToolchainError(f"output directory {out} already exists; choose another or remove it")
+
+
+@contextmanager
+def staged_directory(out: Path) -> Iterator[Path]:
+    """A temporary sibling of ``out`` that becomes ``out`` only if the block succeeds."""
+    refuse_existing(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result should not be
+    try:
+        yield tmp
+        os.rename(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)

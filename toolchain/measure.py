@@ -1,0 +1,94 @@
+"""Measuring a model directory: logits and per-chunk latency in-process, peak memory in a
+fresh process (so the toolchain's own torch does not count)."""
+
+from __future__ import annotations
+
+import json
+import resource
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from operators.encoder import Encoder, load_model_dir, session
+from schemas.manifest import FULL_GRAPH
+
+
+@dataclass(frozen=True)
+class Run:
+    """Logits of every sequence and the time each single-sequence call took."""
+
+    logits: np.ndarray
+    seconds: np.ndarray
+
+    @property
+    def predictions(self) -> np.ndarray:
+        return self.logits.argmax(axis=1)
+
+    @property
+    def ms_median(self) -> float:
+        return float(np.median(self.seconds) * 1000)
+
+
+def tokenize(directory: Path, texts: list[str]) -> list[np.ndarray]:
+    loaded = load_model_dir(directory, verify=False)
+    return [loaded.encode(t) for t in texts]
+
+
+def run(directory: Path, seqs: list[np.ndarray], *, threads: int = 1, warmup: int = 3) -> Run:
+    """Classify each sequence alone (no padding) with a verified model directory."""
+    load_model_dir(directory)  # verifies the manifest's hashes
+    return run_graph(Path(directory) / FULL_GRAPH, seqs, threads=threads, warmup=warmup)
+
+
+def run_graph(path: Path, seqs: list[np.ndarray], *, threads: int = 1, warmup: int = 3) -> Run:
+    """Classify each sequence alone with one full graph file, timing every call."""
+    sess = session(path, threads)
+
+    def call(ids: np.ndarray) -> np.ndarray:
+        ids2 = ids.reshape(1, -1)
+        feed = {"input_ids": ids2, "attention_mask": np.ones_like(ids2)}
+        return sess.run(["logits"], feed)[0][0]
+
+    for s in seqs[:warmup]:
+        call(s)
+    logits, seconds = [], []
+    for s in seqs:
+        t0 = time.perf_counter()
+        logits.append(call(s))
+        seconds.append(time.perf_counter() - t0)
+    return Run(np.stack(logits), np.asarray(seconds))
+
+
+def size_mb(directory: Path, graph: str = "model.onnx") -> float:
+    return (Path(directory) / graph).stat().st_size / 1e6
+
+
+def peak_rss_mb(directory: Path, tokens: int = 256, threads: int = 1) -> float:
+    """Peak RSS of a fresh process that loads the full graph and classifies one chunk."""
+    out = subprocess.run(
+        [sys.executable, "-m", "toolchain.measure", str(directory), str(tokens), str(threads)],
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"memory probe of {directory} failed: {out.stderr.strip()[-500:]}")
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"])
+
+
+def _probe(directory: str, tokens: int, threads: int) -> None:
+    loaded = load_model_dir(directory)
+    encoder = Encoder(loaded, threads=threads, graphs="full")
+    vocab = loaded.tokenizer.get_vocab_size()
+    n = min(tokens, loaded.manifest.max_length)
+    ids = np.random.default_rng(0).integers(3, vocab, size=n).astype(np.int64)
+    encoder.logits(ids)
+    # ru_maxrss is in KiB on Linux.
+    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+
+
+if __name__ == "__main__":
+    _probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
