@@ -100,7 +100,12 @@ def _cmd_run(args: argparse.Namespace) -> int:
         )
     from operators.encoder import load_model_dir
 
-    load_model_dir(settings.model_dir)  # a bad model directory fails before Kafka is touched
+    model = load_model_dir(settings.model_dir)  # a bad model fails before Kafka is touched
+    if settings.chunking.max_tokens > model.manifest.max_length:
+        raise CliError(
+            f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
+            f" {model.manifest.max_length}"
+        )
     return run(settings, build_flow)
 
 

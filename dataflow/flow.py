@@ -65,6 +65,11 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
         if settings.model_dir is None:
             raise ValueError("settings.model_dir is required to classify")
         model = load_model_dir(settings.model_dir)
+    if settings.chunking.max_tokens > model.manifest.max_length:
+        raise ValueError(
+            f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
+            f" {model.manifest.max_length}"
+        )
     labeling = Labeling(
         labels=model.manifest.labels,
         aggregation=settings.aggregation,

@@ -1,0 +1,141 @@
+"""``kascade run`` as a user runs it: several worker processes, crash recovery, metrics."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_flow import documents, produce
+
+from dataflow.consume import read_all
+from dataflow.local_broker import free_port
+from schemas import InputDocument, OutputRecord
+from schemas.settings import KafkaSettings
+
+pytestmark = pytest.mark.kafka
+
+
+def kascade_run(settings: KafkaSettings, model_dir: Path, *extra: str) -> subprocess.Popen:
+    args = [
+        sys.executable,
+        "-m",
+        "dataflow.cli",
+        "run",
+        "--brokers",
+        settings.brokers,
+        "--input-topic",
+        settings.input_topic,
+        "--output-topic",
+        settings.output_topic,
+        "--dead-letter-topic",
+        settings.dead_letter_topic,
+        "--model-dir",
+        str(model_dir),
+        "--chunk-tokens",
+        "64",
+        "--overlap",
+        "8",
+        *extra,
+    ]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def output_count(settings: KafkaSettings) -> int:
+    """Records on the output topic now, from partition watermarks (cheap to poll)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": settings.brokers, "group.id": "kascade-test-count"})
+    try:
+        parts = (
+            c.list_topics(settings.output_topic, timeout=10)
+            .topics[settings.output_topic]
+            .partitions
+        )
+        return sum(
+            c.get_watermark_offsets(TopicPartition(settings.output_topic, p), timeout=10)[1]
+            for p in parts
+        )
+    finally:
+        c.close()
+
+
+def output_ids(settings: KafkaSettings) -> list[str]:
+    return [
+        OutputRecord.model_validate_json(v).id for _, v in read_all(settings, settings.output_topic)
+    ]
+
+
+def test_two_worker_processes_classify_every_document(
+    kafka_settings: KafkaSettings, exported: dict[str, Path]
+) -> None:
+    docs = documents(60)
+    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    proc = kascade_run(kafka_settings, exported["bert"], "--workers", "2", "--bounded")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    assert sorted(output_ids(kafka_settings)) == sorted(d.id for d in docs)
+
+
+def test_no_document_is_lost_after_a_kill_9_and_a_restart(
+    kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    docs = [InputDocument(id=f"r-{i}", text=d.text) for i, d in enumerate(documents(9) * 1000)]
+    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    recovery = ["--recovery-dir", str(tmp_path / "recovery"), "--snapshot-interval", "0.5"]
+
+    first = kascade_run(kafka_settings, exported["bert"], *recovery)  # tails: never ends alone
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and first.poll() is None:
+        if output_count(kafka_settings) >= 100:
+            break
+        time.sleep(0.05)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait(30)
+    done_before_kill = output_count(kafka_settings)
+    assert 100 <= done_before_kill < len(docs), "the kill did not land mid-stream"
+
+    second = kascade_run(kafka_settings, exported["bert"], *recovery, "--bounded")
+    _, err = second.communicate(timeout=600)
+    assert second.returncode == 0, err
+    ids = output_ids(kafka_settings)
+    assert set(ids) == {d.id for d in docs}  # duplicates allowed, losses not
+    # Resumed from a snapshot, not from the beginning of the topic.
+    assert len(ids) < 2 * len(docs)
+
+
+def test_metrics_are_served_while_the_job_runs(
+    kafka_settings: KafkaSettings, exported: dict[str, Path]
+) -> None:
+    docs = documents(20)
+    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    port = free_port()
+    proc = kascade_run(kafka_settings, exported["bert"], "--metrics-port", str(port))
+    try:
+        deadline = time.monotonic() + 120
+        text = ""
+        while time.monotonic() < deadline:
+            try:
+                text = (
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2)
+                    .read()
+                    .decode()
+                )
+            except OSError:
+                text = ""
+            if 'kascade_documents_out_total{degraded="false"} 20.0' in text:
+                break
+            time.sleep(0.3)
+        assert "kascade_documents_in_total 20.0" in text
+        assert 'kascade_documents_out_total{degraded="false"} 20.0' in text
+        assert "kascade_chunks_full_model_total" in text
+        assert 'kascade_stage_seconds_count{stage="full_model"}' in text
+        assert "kascade_document_latency_seconds_count 20.0" in text
+    finally:
+        proc.terminate()
+        proc.wait(30)
