@@ -13,7 +13,8 @@ from bytewax.dataflow import Dataflow, Stream
 from dataflow.kafka_io import DeliveryCheckedSink, source
 from operators import metrics
 from operators.chunking import chunk
-from operators.encoder import Loaded, classify, load_model_dir
+from operators.encoder import Loaded, load_model_dir
+from operators.full_model import classify
 from operators.reduce import Labeling, assemble
 from operators.validate import Received, kafka_errors, validate
 from schemas import DeadLetter, ModelIdentity, OutputRecord

@@ -21,6 +21,7 @@ from bytewax.dataflow import Stream, operator
 from tokenizers import Tokenizer
 
 from operators import metrics
+from operators.encoder import load_tokenizer
 from operators.items import ChunkTask, DocMeta
 from operators.validate import Received
 from schemas import DeadLetter, DeadLetterReason
@@ -129,18 +130,6 @@ def chunk_text(
         )
         for i, (a, b) in enumerate(spans)
     ]
-
-
-def load_tokenizer(path: str | Path) -> Tokenizer:
-    """A ``tokenizer.json`` with its saved truncation and padding switched off.
-
-    Checkpoints often ship ``tokenizer.json`` with truncation at 128 or 512 tokens;
-    left on, a long document would silently become one truncated chunk.
-    """
-    tok = Tokenizer.from_file(str(path))
-    tok.no_truncation()
-    tok.no_padding()
-    return tok
 
 
 @functools.lru_cache(maxsize=4)

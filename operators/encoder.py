@@ -1,5 +1,9 @@
 """The quantized model as ONNX Runtime sessions: one per worker process, created once.
 
+This module imports no Bytewax, so a process that only classifies (the toolchain's
+memory probe, a benchmark) carries nothing else; the flow's operator is
+:mod:`operators.full_model`.
+
 A model directory (see :mod:`schemas.manifest`) holds the full graph and three stage
 graphs cut from it. :class:`Encoder` verifies the manifest, loads the tokenizer and the
 graphs, and classifies one chunk per call without padding (measured fastest on CPU);
@@ -8,20 +12,14 @@ graphs, and classifies one chunk per call without padding (measured fastest on C
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-import bytewax.operators as op
 import numpy as np
 import onnxruntime as ort
-from bytewax.dataflow import Stream, operator
 from tokenizers import Tokenizer
 
-from operators import metrics
-from operators.chunking import load_tokenizer
-from operators.items import ChunkResult, ChunkTask
 from schemas.manifest import (
     EMBED_GRAPH,
     FULL_GRAPH,
@@ -31,7 +29,6 @@ from schemas.manifest import (
     ModelManifest,
     read_manifest,
 )
-from schemas.settings import EncoderSettings
 
 Graphs = Literal["full", "stages"]
 
@@ -46,6 +43,18 @@ def session(path: Path, threads: int) -> ort.InferenceSession:
     # Spinning threads burn the core a sibling worker process needs.
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """A ``tokenizer.json`` with its saved truncation and padding switched off.
+
+    Checkpoints often ship ``tokenizer.json`` with truncation at 128 or 512 tokens;
+    left on, a long document would silently become one truncated chunk.
+    """
+    tok = Tokenizer.from_file(str(path))
+    tok.no_truncation()
+    tok.no_padding()
+    return tok
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -145,55 +154,3 @@ def _run(sess: ort.InferenceSession, available: dict[str, np.ndarray]) -> np.nda
     # A stage graph declares only the inputs it reads (see toolchain.graphs.cut_stages).
     feed = {i.name: available[i.name] for i in sess.get_inputs()}
     return sess.run(None, feed)[0]
-
-
-@functools.lru_cache(maxsize=2)
-def worker_encoder(model_dir: str, threads: int, graphs: Graphs = "full") -> Encoder:
-    """One encoder per worker process and model, created on first use.
-
-    The flow builder verifies the manifest before anything runs, so workers skip the
-    second hash pass over the graphs.
-    """
-    return Encoder(load_model_dir(model_dir, verify=False), threads=threads, graphs=graphs)
-
-
-def _classify_all(encoder: Encoder, tasks: list[ChunkTask], micro_batch: int) -> list[ChunkResult]:
-    if micro_batch > 1:
-        # Length-sorted so each padded batch wastes as little as possible.
-        tasks = sorted(tasks, key=lambda t: t.n_tokens)
-    out: list[ChunkResult] = []
-    for start in range(0, len(tasks), micro_batch):
-        group = tasks[start : start + micro_batch]
-        try:
-            with metrics.STAGE_SECONDS.labels("full_model").time():
-                if len(group) == 1:
-                    logits = encoder.logits(group[0].ids)[None, :]
-                else:
-                    logits = encoder.logits_batch([t.ids for t in group])
-            probs = softmax(logits.astype(np.float64))
-            out.extend(
-                ChunkResult(t.doc, t.index, t.n_tokens, p, stage="full")
-                for t, p in zip(group, probs, strict=True)
-            )
-        except Exception as e:  # a failed call is data: the document is marked degraded
-            metrics.CHUNK_FAILURES.inc(len(group))
-            reason = f"full model failed: {type(e).__name__}: {e}"[:500]
-            out.extend(
-                ChunkResult(t.doc, t.index, t.n_tokens, None, stage="full", error=reason)
-                for t in group
-            )
-    metrics.CHUNKS_FULL_MODEL.inc(len(tasks))
-    return out
-
-
-@operator
-def classify(
-    step_id: str, up: Stream[ChunkTask], model_dir: Path, settings: EncoderSettings
-) -> Stream[ChunkResult]:
-    """The full model on each chunk, on whichever worker the chunk landed."""
-
-    def run_batch(tasks: list[ChunkTask]) -> list[ChunkResult]:
-        encoder = worker_encoder(str(model_dir), settings.threads)
-        return _classify_all(encoder, tasks, settings.micro_batch)
-
-    return op.flat_map_batch("full_model", up, run_batch)

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from tiny_models import CORPUS
 
-from operators.encoder import Encoder, _classify_all, load_model_dir
+from operators.encoder import Encoder, load_model_dir
+from operators.full_model import _classify_all
 from operators.items import ChunkTask, DocMeta
 from schemas.manifest import ManifestMismatch
 

@@ -86,8 +86,20 @@ def _probe(directory: str, tokens: int, threads: int) -> None:
     n = min(tokens, loaded.manifest.max_length)
     ids = np.random.default_rng(0).integers(3, vocab, size=n).astype(np.int64)
     encoder.logits(ids)
-    # ru_maxrss is in KiB on Linux.
-    print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+    print(json.dumps({"peak_rss_mb": _peak_rss_mb()}))
+
+
+def _peak_rss_mb() -> float:
+    # VmHWM belongs to this process's own address space. ru_maxrss would not do: Linux
+    # carries it across fork+exec, so a child of a large parent reports the parent's peak.
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 if __name__ == "__main__":

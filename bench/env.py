@@ -1,0 +1,52 @@
+"""The environment a benchmark ran in: CPU, vector extensions, library versions.
+
+python -m bench.env            # prints JSON
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from importlib import metadata
+
+VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
+PACKAGES = (
+    "onnxruntime",
+    "numpy",
+    "tokenizers",
+    "bytewax",
+    "confluent-kafka",
+    "torch",
+    "transformers",
+)
+
+
+def environment() -> dict:
+    cpu, flags = platform.processor(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if (line.startswith("model name") and not cpu) or line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    versions = {}
+    for p in PACKAGES:
+        try:
+            versions[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            versions[p] = None
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "vector_flags": [f for f in VECTOR_FLAGS if f in flags],
+        "python": platform.python_version(),
+        "packages": versions,
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(environment(), indent=2))

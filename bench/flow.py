@@ -1,0 +1,224 @@
+"""Throughput of the streaming job through a real broker, and what Kafka + Bytewax cost.
+
+``overhead``: the same chunks classified (a) by calling the encoder in a plain loop and
+(b) by the whole flow (Kafka in, validate, chunk, full model, reduce, Kafka out) in one
+process; reports CPU seconds of each and the flow's share spent outside the model.
+
+``scaling``: ``kascade run --workers N`` for each N on the same documents; throughput
+is measured between the first and last output record's Kafka timestamps, so process
+start-up and model loading are excluded.
+
+    python -m bench.flow overhead --model runs/minilm-int8pc --data runs/sib200/holdout.tsv
+    python -m bench.flow scaling --model runs/minilm-int8pc --data runs/sib200/holdout.tsv \
+        --workers 1 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from dataflow.consume import read_all
+from dataflow.kafka_io import create_topics
+from dataflow.local_broker import ensure_local_broker
+from operators.chunking import chunk_text
+from operators.encoder import Encoder, load_model_dir
+from schemas import InputDocument
+from schemas.settings import KafkaSettings
+from toolchain.data import read_examples
+
+
+def long_documents(path: Path, sentences_per_doc: int, copies: int) -> list[InputDocument]:
+    """Documents of ``sentences_per_doc`` consecutive sentences, the set repeated ``copies``."""
+    texts = read_examples(path, text_column="text", label_column=None).texts
+    docs = []
+    for c in range(copies):
+        for i in range(0, len(texts) - sentences_per_doc + 1, sentences_per_doc):
+            text = " ".join(texts[i : i + sentences_per_doc])
+            docs.append(InputDocument(id=f"c{c}-d{i}", text=text))
+    return docs
+
+
+def fresh_topics(brokers: str) -> KafkaSettings:
+    run = uuid.uuid4().hex[:8]
+    k = KafkaSettings(
+        brokers=brokers,
+        input_topic=f"bench-{run}-in",
+        output_topic=f"bench-{run}-out",
+        dead_letter_topic=f"bench-{run}-dlq",
+        tail=False,
+    )
+    create_topics(k, {k.input_topic: 4, k.output_topic: 4, k.dead_letter_topic: 1})
+    return k
+
+
+def send(k: KafkaSettings, docs: list[InputDocument]) -> None:
+    p = Producer({"bootstrap.servers": k.brokers, "linger.ms": 20})
+    for d in docs:
+        p.produce(k.input_topic, key=d.id.encode(), value=d.model_dump_json().encode())
+        p.poll(0)
+    assert p.flush(60) == 0
+
+
+def output_span_s(k: KafkaSettings) -> tuple[int, float]:
+    """Number of output records and seconds between the first and the last one."""
+    c = Consumer(
+        {
+            "bootstrap.servers": k.brokers,
+            "group.id": f"bench-{uuid.uuid4()}",
+            "enable.partition.eof": "true",
+            "auto.offset.reset": "earliest",
+        }
+    )
+    parts = c.list_topics(k.output_topic, timeout=10).topics[k.output_topic].partitions
+    c.assign([TopicPartition(k.output_topic, p, 0) for p in parts])
+    stamps, eof = [], set()
+    while len(eof) < len(parts):
+        m = c.poll(1.0)
+        if m is None:
+            continue
+        if m.error():
+            eof.add(m.partition())
+            continue
+        stamps.append(m.timestamp()[1])
+    c.close()
+    return len(stamps), (max(stamps) - min(stamps)) / 1000
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def overhead(model: Path, docs: list[InputDocument], brokers: str, chunk_tokens: int) -> dict:
+    from bytewax.testing import run_main
+
+    from dataflow.flow import build_flow
+    from schemas.settings import Settings
+
+    loaded = load_model_dir(model)
+    chunks = [
+        c.ids
+        for d in docs
+        for c in chunk_text(
+            d.text, loaded.tokenizer, max_tokens=chunk_tokens, overlap=32, max_chunks=10_000
+        )
+    ]
+    encoder = Encoder(loaded)
+    encoder.logits(chunks[0])
+    t0, c0 = time.perf_counter(), cpu_s()
+    for ids in chunks:
+        encoder.logits(ids)
+    direct = {"wall_s": time.perf_counter() - t0, "cpu_s": cpu_s() - c0}
+
+    k = fresh_topics(brokers)
+    send(k, docs)
+    settings = Settings(kafka=k, model_dir=model, chunking={"max_tokens": chunk_tokens})
+    flow = build_flow(settings)
+    t0, c0 = time.perf_counter(), cpu_s()
+    run_main(flow)
+    flow_run = {"wall_s": time.perf_counter() - t0, "cpu_s": cpu_s() - c0}
+    n_out = len(read_all(k, k.output_topic))
+    assert n_out == len(docs), f"{n_out} outputs for {len(docs)} documents"
+    return {
+        "documents": len(docs),
+        "chunks": len(chunks),
+        "direct": direct,
+        "flow": flow_run,
+        "overhead_cpu_share": 1 - direct["cpu_s"] / flow_run["cpu_s"],
+        "direct_chunks_per_s": len(chunks) / direct["wall_s"],
+        "flow_chunks_per_s": len(chunks) / flow_run["wall_s"],
+    }
+
+
+def scaling(
+    model: Path, docs: list[InputDocument], brokers: str, workers: list[int], chunk_tokens: int
+) -> list[dict]:
+    rows = []
+    loaded = load_model_dir(model)
+    n_chunks = sum(
+        len(
+            chunk_text(
+                d.text, loaded.tokenizer, max_tokens=chunk_tokens, overlap=32, max_chunks=10_000
+            )
+        )
+        for d in docs
+    )
+    for n in workers:
+        k = fresh_topics(brokers)
+        send(k, docs)
+        cmd = [
+            sys.executable,
+            "-m",
+            "dataflow.cli",
+            "run",
+            "--bounded",
+            "--brokers",
+            brokers,
+            "--input-topic",
+            k.input_topic,
+            "--output-topic",
+            k.output_topic,
+            "--dead-letter-topic",
+            k.dead_letter_topic,
+            "--model-dir",
+            str(model),
+            "--workers",
+            str(n),
+            "--chunk-tokens",
+            str(chunk_tokens),
+        ]
+        t0 = time.perf_counter()
+        subprocess.run(cmd, check=True)
+        wall = time.perf_counter() - t0
+        count, span = output_span_s(k)
+        assert count == len(docs)
+        rows.append(
+            {
+                "workers": n,
+                "documents": count,
+                "chunks": n_chunks,
+                "wall_s": wall,
+                "span_s": span,
+                "chunks_per_s": n_chunks / span,
+                "docs_per_s": count / span,
+            }
+        )
+    for r in rows:
+        r["speedup"] = r["chunks_per_s"] / rows[0]["chunks_per_s"]
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("what", choices=["overhead", "scaling"])
+    p.add_argument("--model", type=Path, required=True)
+    p.add_argument("--data", type=Path, required=True, help="sentences (.tsv with a text column)")
+    p.add_argument("--sentences-per-doc", type=int, default=8)
+    p.add_argument("--copies", type=int, default=1)
+    p.add_argument("--chunk-tokens", type=int, default=256)
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--brokers", help="default: the local broker on port 9092")
+    p.add_argument("--json", type=Path)
+    args = p.parse_args()
+    brokers = args.brokers or ensure_local_broker(9092).bootstrap
+    docs = long_documents(args.data, args.sentences_per_doc, args.copies)
+    if args.what == "overhead":
+        result: object = overhead(args.model, docs, brokers, args.chunk_tokens)
+    else:
+        result = scaling(args.model, docs, brokers, args.workers, args.chunk_tokens)
+    print(json.dumps(result, indent=2))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

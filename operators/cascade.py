@@ -1,0 +1,204 @@
+"""The cascade: cheap heads on the model's own latent space settle the chunks whose
+full-model answer would not change; only the rest pay for the transformer.
+
+Per chunk, in order: S0 reads the mean of the embedding layer's output (a Gather and a
+LayerNorm: microseconds); S1 reads the mean hidden state after ``cascade_layer``
+(the prefix graph); S2 is the rest of the model (the suffix graph), fed the prefix's
+output so nothing is computed twice. A stage settles a chunk when its head's top
+probability reaches the stage's calibrated threshold.
+
+Per document (:class:`CascadeLogic`), once every chunk has been through S0/S1, the
+uncertain chunks are escalated only if their full-model answers could still change
+the document's label under the reduce strategy (:func:`label_is_decided`); otherwise
+they are skipped and their S1 estimate stands.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from bytewax.operators import StatefulLogic
+
+from operators.encoder import softmax
+from operators.items import ChunkResult, ChunkTask, DocMeta
+from schemas import Aggregation
+from schemas.cascade import CASCADE_FILE, CascadeSpec, HeadWeights, OperatingPoint
+
+Stage = str  # "s0" | "s1" | "full" | "skipped"
+
+
+@dataclass(frozen=True)
+class Head:
+    """A linear head: probabilities from a pooled feature vector."""
+
+    weight: np.ndarray  # labels x hidden
+    bias: np.ndarray
+
+    @classmethod
+    def of(cls, w: HeadWeights) -> Head:
+        return cls(np.asarray(w.weight, dtype=np.float32), np.asarray(w.bias, dtype=np.float32))
+
+    def probs(self, features: np.ndarray) -> np.ndarray:
+        return softmax((features @ self.weight.T + self.bias).astype(np.float64))
+
+
+def pooled(states: np.ndarray) -> np.ndarray:
+    """Mean over the tokens of one unpadded sequence's states (``1 x T x H`` or ``T x H``)."""
+    return states.reshape(-1, states.shape[-1]).mean(axis=0)
+
+
+@dataclass(frozen=True)
+class Cascade:
+    """Loaded heads and the operating point in force."""
+
+    spec: CascadeSpec
+    s0: Head
+    s1: Head
+    point: OperatingPoint
+
+    @classmethod
+    def load(
+        cls, model_dir: Path, manifest_sha256: str, operating_point: str | None = None
+    ) -> Cascade:
+        path = Path(model_dir) / CASCADE_FILE
+        if not path.is_file():
+            raise FileNotFoundError(f"{model_dir} has no {CASCADE_FILE}; run kascade calibrate")
+        spec = CascadeSpec.model_validate(json.loads(path.read_text()))
+        if spec.model_manifest_sha256 != manifest_sha256:
+            raise ValueError(f"{path} was calibrated for another model (manifest differs)")
+        name = operating_point or spec.default_operating_point
+        if name not in spec.operating_points:
+            raise ValueError(
+                f"no operating point {name!r} in {path}; have {', '.join(spec.operating_points)}"
+            )
+        return cls(spec, Head.of(spec.s0), Head.of(spec.s1), spec.operating_points[name])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the cheap stages concluded about one chunk."""
+
+    stage: Stage  # "s0", "s1" (settled) or "uncertain"
+    probs: np.ndarray
+    hidden: np.ndarray | None = None  # prefix output, kept for escalation
+
+
+def label_is_decided(
+    known: list[tuple[float, np.ndarray]], unknown_weights: list[float], strategy: Aggregation
+) -> bool:
+    """True when no answer for the unknown chunks can change the document's label.
+
+    ``known`` are (token weight, probabilities) of settled chunks; each unknown chunk may
+    turn out to be any probability vector.
+
+    >>> p = np.array([0.9, 0.1])
+    >>> label_is_decided([(100, p)], [30], Aggregation.TOKEN_MEAN)
+    True
+    >>> label_is_decided([(100, p)], [90], Aggregation.TOKEN_MEAN)
+    False
+    """
+    if not unknown_weights:
+        return True
+    if not known:
+        return False
+    probs = np.stack([p for _, p in known])
+    if strategy is Aggregation.TOKEN_MEAN:
+        weights = np.asarray([w for w, _ in known])
+        mass = (probs * weights[:, None]).sum(axis=0)
+        leader = int(mass.argmax())
+        # Worst case: every unknown chunk puts all its weight on the strongest rival.
+        rival = np.delete(mass, leader).max()
+        return bool(mass[leader] - rival > sum(unknown_weights))
+    if strategy is Aggregation.MAJORITY:
+        votes = np.bincount(probs.argmax(axis=1), minlength=probs.shape[1])
+        leader = int(votes.argmax())
+        rival = np.delete(votes, leader).max()
+        return bool(votes[leader] - rival > len(unknown_weights))
+    # MAX: an unknown chunk can always be the single most confident one.
+    return False
+
+
+def audit_pick(doc_id: str, index: int, fraction: float) -> bool:
+    """A deterministic draw (stable across replays): audit this settled chunk?
+
+    >>> audit_pick("d", 0, 0.0), audit_pick("d", 0, 1.0)
+    (False, True)
+    """
+    if fraction <= 0:
+        return False
+    h = hashlib.blake2b(f"{doc_id}/{index}".encode(), digest_size=8).digest()
+    return int.from_bytes(h, "big") / 2**64 < fraction
+
+
+@dataclass
+class CascadeState:
+    """One document: the cheap verdict of every chunk seen so far."""
+
+    meta: DocMeta
+    tasks: dict[int, ChunkTask] = field(default_factory=dict)
+    verdicts: dict[int, Verdict] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """A chunk for the full model: uncertain, or an audit of a settled one."""
+
+    task: ChunkTask
+    hidden: np.ndarray | None
+    audit_of: str | None = None  # the cheap label being audited
+
+
+CheapStages = Callable[[ChunkTask], Verdict]
+
+
+@dataclass
+class CascadeLogic(StatefulLogic[ChunkTask, "ChunkResult | Escalation", CascadeState]):
+    """Per document: cheap stages on each chunk as it arrives; when all are in, settle,
+    skip or escalate them (document-level early exit)."""
+
+    cheap: CheapStages
+    strategy: Aggregation
+    audit_fraction: float = 0.0
+    state: CascadeState | None = None
+
+    def on_item(self, value: ChunkTask) -> tuple[list[ChunkResult | Escalation], bool]:
+        if self.state is None:
+            self.state = CascadeState(value.doc)
+        s = self.state
+        if value.index not in s.verdicts:  # a replayed chunk is not classified twice
+            s.tasks[value.index] = value
+            s.verdicts[value.index] = self.cheap(value)
+        if len(s.verdicts) < s.meta.total_chunks:
+            return [], StatefulLogic.RETAIN
+        return self._decide(s), StatefulLogic.DISCARD
+
+    def _decide(self, s: CascadeState) -> list[ChunkResult | Escalation]:
+        settled = {i: v for i, v in s.verdicts.items() if v.stage != "uncertain"}
+        uncertain = {i: v for i, v in s.verdicts.items() if v.stage == "uncertain"}
+        decided = label_is_decided(
+            [(float(s.tasks[i].n_tokens), v.probs) for i, v in settled.items()],
+            [float(s.tasks[i].n_tokens) for i in uncertain],
+            self.strategy,
+        )
+        out: list[ChunkResult | Escalation] = []
+        for i, v in sorted(settled.items()):
+            t = s.tasks[i]
+            out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=v.stage))
+            if audit_pick(t.doc.id, i, self.audit_fraction):
+                out.append(Escalation(t, v.hidden, audit_of=str(int(v.probs.argmax()))))
+        for i, v in sorted(uncertain.items()):
+            t = s.tasks[i]
+            if decided:
+                out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage="skipped"))
+            else:
+                out.append(Escalation(t, v.hidden))
+        return out
+
+    def snapshot(self) -> CascadeState:
+        assert self.state is not None
+        return CascadeState(self.state.meta, dict(self.state.tasks), dict(self.state.verdicts))
