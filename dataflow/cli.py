@@ -61,6 +61,9 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {k: v for k, v in flat.items() if v is not None}
     chunking = {"max_tokens": args.chunk_tokens, "overlap": args.overlap}
     encoder = {"threads": args.threads, "micro_batch": args.micro_batch}
+    cascade = {"mode": args.cascade, "audit_fraction": args.audit_fraction}
+    if any(v is not None for v in cascade.values()):
+        out["cascade"] = {k: v for k, v in cascade.items() if v is not None}
     if any(v is not None for v in chunking.values()):
         out["chunking"] = {k: v for k, v in chunking.items() if v is not None}
     if any(v is not None for v in encoder.values()):
@@ -147,6 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chunk-tokens", type=int, help="tokens per chunk (default 256)")
     g.add_argument("--overlap", type=int, help="tokens shared by neighbouring chunks (default 32)")
     g.add_argument("--aggregation", choices=["token_mean", "max", "majority"])
+    g.add_argument(
+        "--cascade",
+        choices=["auto", "on", "off"],
+        help="cheap stages before the full model (auto: if calibrated)",
+    )
+    g.add_argument("--audit-fraction", type=float, help="settled chunks re-checked (default 0.01)")
     g.add_argument("--recovery-dir", type=Path, help="enable crash recovery (Bytewax snapshots)")
     g.add_argument("--snapshot-interval", type=float, help="seconds between snapshots (default 5)")
     g.add_argument("--metrics-port", type=int, help="Prometheus port (process i uses port + i)")

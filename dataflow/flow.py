@@ -12,12 +12,15 @@ from bytewax.dataflow import Dataflow, Stream
 
 from dataflow.kafka_io import DeliveryCheckedSink, source
 from operators import metrics
+from operators.cascade import cascade
 from operators.chunking import chunk
 from operators.encoder import Loaded, load_model_dir
 from operators.full_model import classify
+from operators.items import ChunkResult
 from operators.reduce import Labeling, assemble
 from operators.validate import Received, kafka_errors, validate
 from schemas import DeadLetter, ModelIdentity, OutputRecord
+from schemas.cascade import CASCADE_FILE
 from schemas.manifest import TOKENIZER
 from schemas.settings import Settings
 
@@ -56,6 +59,20 @@ def _serialize_output(record: OutputRecord) -> tuple[bytes, bytes]:
     return record.id.encode(), record.model_dump_json().encode()
 
 
+def use_cascade(settings: Settings, model: Loaded) -> bool:
+    """Whether the flow runs the cheap stages (``cascade.mode`` and ``cascade.json``)."""
+    present = (model.directory / CASCADE_FILE).is_file()
+    if settings.cascade.mode == "on" and not present:
+        raise ValueError(f"cascade mode is on but {model.directory} has no {CASCADE_FILE}")
+    return settings.cascade.mode == "on" or (settings.cascade.mode == "auto" and present)
+
+
+def _record_audit(_step: str, result: ChunkResult) -> None:
+    if result.probs is not None:
+        agree = int(result.probs.argmax()) == result.audit_of
+        metrics.AUDITS.labels(str(agree).lower()).inc()
+
+
 def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
     """The classifying flow: Kafka -> chunks -> full model on any worker -> per-document
     label -> Kafka, with dead letters for what cannot be read or is too long.
@@ -79,9 +96,24 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
     flow = Dataflow("kascade")
     docs, dead = ingest(flow, settings)
     chunked = chunk("chunk", docs, model.directory / TOKENIZER, settings.chunking)
-    # Chunks of one document may run on different workers: the full model is the cost.
-    spread = op.redistribute("spread", chunked.chunks)
-    results = classify("classify", spread, model.directory, settings.encoder)
+    if use_cascade(settings, model):
+        cheap = cascade(
+            "cascade",
+            chunked.chunks,
+            model.directory,
+            settings.cascade,
+            settings.encoder.threads,
+            settings.aggregation,
+        )
+        # Chunks of one document may run on different workers: the full model is the cost.
+        spread = op.redistribute("spread", cheap.escalations)
+        full = classify("classify", spread, model.directory, settings.encoder, graphs="stages")
+        audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
+        op.inspect("audit_agreement", audits.trues, _record_audit)
+        results = op.merge("results", cheap.settled, audits.falses)
+    else:
+        spread = op.redistribute("spread", chunked.chunks)
+        results = classify("classify", spread, model.directory, settings.encoder)
     records = assemble("assemble", results, chunked.empty, labeling)
     op.output(
         "kafka_out",

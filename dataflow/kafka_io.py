@@ -111,6 +111,7 @@ def source(settings: KafkaSettings, topics: list[str]) -> KafkaSource:
         topics,
         tail=settings.tail,
         add_config=config,
+        batch_size=settings.batch_size,
         raise_on_errors=False,
     )
 

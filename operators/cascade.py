@@ -15,19 +15,25 @@ they are skipped and their S1 estimate stands.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import bytewax.operators as op
 import numpy as np
+from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
 
-from operators.encoder import softmax
-from operators.items import ChunkResult, ChunkTask, DocMeta
+from operators import metrics
+from operators.encoder import Encoder, softmax
+from operators.full_model import worker_encoder
+from operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
 from schemas import Aggregation
 from schemas.cascade import CASCADE_FILE, CascadeSpec, HeadWeights, OperatingPoint
+from schemas.settings import CascadeSettings
 
 Stage = str  # "s0" | "s1" | "full" | "skipped"
 
@@ -144,15 +150,6 @@ class CascadeState:
     verdicts: dict[int, Verdict] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class Escalation:
-    """A chunk for the full model: uncertain, or an audit of a settled one."""
-
-    task: ChunkTask
-    hidden: np.ndarray | None
-    audit_of: str | None = None  # the cheap label being audited
-
-
 CheapStages = Callable[[ChunkTask], Verdict]
 
 
@@ -190,15 +187,76 @@ class CascadeLogic(StatefulLogic[ChunkTask, "ChunkResult | Escalation", CascadeS
             t = s.tasks[i]
             out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=v.stage))
             if audit_pick(t.doc.id, i, self.audit_fraction):
-                out.append(Escalation(t, v.hidden, audit_of=str(int(v.probs.argmax()))))
+                out.append(Escalation(t, v.hidden, None, audit_of=int(v.probs.argmax())))
         for i, v in sorted(uncertain.items()):
             t = s.tasks[i]
             if decided:
                 out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage="skipped"))
             else:
-                out.append(Escalation(t, v.hidden))
+                out.append(Escalation(t, v.hidden, v.probs))
         return out
 
     def snapshot(self) -> CascadeState:
         assert self.state is not None
         return CascadeState(self.state.meta, dict(self.state.tasks), dict(self.state.verdicts))
+
+
+def cheap_stages(encoder: Encoder, cascade: Cascade, audit_fraction: float) -> CheapStages:
+    """S0 then S1 on one chunk, with the real graphs and heads."""
+    t0, t1 = cascade.point.threshold_s0, cascade.point.threshold_s1
+
+    def run(task: ChunkTask) -> Verdict:
+        ids = task.ids.reshape(1, -1)
+        mask = np.ones_like(ids)
+        with metrics.STAGE_SECONDS.labels("s0").time():
+            emb = encoder.embeddings(ids, mask)
+            p0 = cascade.s0.probs(pooled(emb))
+        if p0.max() >= t0:
+            return Verdict("s0", p0)
+        with metrics.STAGE_SECONDS.labels("s1").time():
+            hidden = encoder.prefix(emb, mask)
+            p1 = cascade.s1.probs(pooled(hidden))
+        if p1.max() >= t1:
+            keep = audit_pick(task.doc.id, task.index, audit_fraction)
+            return Verdict("s1", p1, hidden if keep else None)
+        return Verdict("uncertain", p1, hidden)
+
+    return run
+
+
+@functools.lru_cache(maxsize=2)
+def _worker_cascade(
+    model_dir: str, threads: int, operating_point: str | None, audit_fraction: float
+) -> CheapStages:
+    encoder = worker_encoder(model_dir, threads, "stages")
+    cascade = Cascade.load(Path(model_dir), encoder.model.manifest_sha256, operating_point)
+    return cheap_stages(encoder, cascade, audit_fraction)
+
+
+@dataclass(frozen=True)
+class CascadeOut:
+    settled: Stream[ChunkResult]
+    escalations: Stream[Escalation]
+
+
+@operator
+def cascade(
+    step_id: str,
+    up: Stream[ChunkTask],
+    model_dir: Path,
+    settings: CascadeSettings,
+    threads: int,
+    strategy: Aggregation,
+) -> CascadeOut:
+    """Cheap stages per chunk on the document's worker; escalations leave for any worker."""
+
+    def build(resume: CascadeState | None) -> CascadeLogic:
+        cheap = _worker_cascade(
+            str(model_dir), threads, settings.operating_point, settings.audit_fraction
+        )
+        return CascadeLogic(cheap, strategy, settings.audit_fraction, resume)
+
+    keyed = op.key_on("by_document", up, lambda t: t.doc.id)
+    decided = op.key_rm("unkey", op.stateful("stages", keyed, build))
+    split = op.branch("escalate", decided, lambda x: isinstance(x, Escalation))
+    return CascadeOut(settled=split.falses, escalations=split.trues)  # type: ignore[arg-type]

@@ -13,7 +13,7 @@ from bytewax.dataflow import Stream, operator
 
 from operators import metrics
 from operators.encoder import Encoder, Graphs, load_model_dir, softmax
-from operators.items import ChunkResult, ChunkTask
+from operators.items import ChunkResult, ChunkTask, Escalation
 from schemas.settings import EncoderSettings
 
 
@@ -27,43 +27,77 @@ def worker_encoder(model_dir: str, threads: int, graphs: Graphs = "full") -> Enc
     return Encoder(load_model_dir(model_dir, verify=False), threads=threads, graphs=graphs)
 
 
-def _classify_all(encoder: Encoder, tasks: list[ChunkTask], micro_batch: int) -> list[ChunkResult]:
+Work = ChunkTask | Escalation
+
+
+def _unpack(item: Work) -> tuple[ChunkTask, np.ndarray | None, np.ndarray | None, int | None]:
+    if isinstance(item, Escalation):
+        return item.task, item.hidden, item.fallback, item.audit_of
+    return item, None, None, None
+
+
+def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list[ChunkResult]:
+    """Full-model results for ``items``; a failed call yields an error result, never raises.
+
+    Escalations carrying the prefix's output run only the suffix graph. Plain chunks run
+    one per call, or in length-sorted padded batches when ``micro_batch`` > 1.
+    """
+    work = [_unpack(x) for x in items]
+    singles = [w for w in work if w[1] is not None]
+    plain = [w for w in work if w[1] is None]
     if micro_batch > 1:
-        # Length-sorted so each padded batch wastes as little as possible.
-        tasks = sorted(tasks, key=lambda t: t.n_tokens)
+        plain.sort(key=lambda w: w[0].n_tokens)  # padded batches waste as little as possible
+    groups = [[w] for w in singles]
+    groups += [plain[i : i + micro_batch] for i in range(0, len(plain), micro_batch)]
     out: list[ChunkResult] = []
-    for start in range(0, len(tasks), micro_batch):
-        group = tasks[start : start + micro_batch]
+    for group in groups:
         try:
             with metrics.STAGE_SECONDS.labels("full_model").time():
-                if len(group) == 1:
-                    logits = encoder.logits(group[0].ids)[None, :]
+                if group[0][1] is not None:
+                    hidden = group[0][1]
+                    mask = np.ones(hidden.shape[:2], dtype=np.int64)
+                    logits = encoder.suffix(hidden, mask)
+                elif len(group) == 1:
+                    logits = encoder.logits(group[0][0].ids)[None, :]
                 else:
-                    logits = encoder.logits_batch([t.ids for t in group])
+                    logits = encoder.logits_batch([w[0].ids for w in group])
             probs = softmax(logits.astype(np.float64))
             out.extend(
-                ChunkResult(t.doc, t.index, t.n_tokens, p, stage="full")
-                for t, p in zip(group, probs, strict=True)
+                ChunkResult(t.doc, t.index, t.n_tokens, p, stage="full", audit_of=audit)
+                for (t, _, _, audit), p in zip(group, probs, strict=True)
             )
         except Exception as e:  # a failed call is data: the document is marked degraded
             metrics.CHUNK_FAILURES.inc(len(group))
             reason = f"full model failed: {type(e).__name__}: {e}"[:500]
             out.extend(
-                ChunkResult(t.doc, t.index, t.n_tokens, None, stage="full", error=reason)
-                for t in group
+                # The cheap estimate stands where there is one (degradation contract).
+                ChunkResult(
+                    t.doc,
+                    t.index,
+                    t.n_tokens,
+                    fallback,
+                    stage="full" if fallback is None else "s1",
+                    error=reason,
+                    audit_of=audit,
+                )
+                for t, _, fallback, audit in group
             )
-    metrics.CHUNKS_FULL_MODEL.inc(len(tasks))
+    metrics.CHUNKS_FULL_MODEL.inc(sum(1 for w in work if w[3] is None))
     return out
 
 
 @operator
 def classify(
-    step_id: str, up: Stream[ChunkTask], model_dir: Path, settings: EncoderSettings
+    step_id: str,
+    up: Stream[Work],
+    model_dir: Path,
+    settings: EncoderSettings,
+    graphs: Graphs = "full",
 ) -> Stream[ChunkResult]:
     """The full model on each chunk, on whichever worker the chunk landed."""
 
-    def run_batch(tasks: list[ChunkTask]) -> list[ChunkResult]:
-        encoder = worker_encoder(str(model_dir), settings.threads)
-        return _classify_all(encoder, tasks, settings.micro_batch)
+    def run_batch(items: list[Work]) -> list[ChunkResult]:
+        encoder = worker_encoder(str(model_dir), settings.threads, graphs)
+        return _classify_all(encoder, items, settings.micro_batch)
 
     return op.flat_map_batch("full_model", up, run_batch)

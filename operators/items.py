@@ -37,5 +37,20 @@ class ChunkResult:
     index: int
     n_tokens: int
     probs: np.ndarray | None
-    stage: str  # "s0" | "s1" | "full"
+    stage: str  # "s0" | "s1" | "full" | "skipped"
     error: str | None = None
+    audit_of: int | None = None  # for an audit: the label index the cheap stage chose
+
+
+@dataclass(frozen=True)
+class Escalation:
+    """A chunk for the full model, sent by the cascade: uncertain, or an audit.
+
+    ``hidden`` is the prefix graph's output, so the full model runs only the suffix;
+    ``fallback`` is the cheap estimate that stands (marked degraded) if the call fails.
+    """
+
+    task: ChunkTask
+    hidden: np.ndarray | None
+    fallback: np.ndarray | None
+    audit_of: int | None = None

@@ -22,3 +22,7 @@ DOC_LATENCY = Histogram(
     "From the input record's Kafka timestamp to the label being emitted",
     buckets=_LATENCY_BUCKETS,
 )
+CHUNKS_SETTLED = Counter(
+    "kascade_chunks_settled_total", "Chunks settled without the full model", ["stage"]
+)
+AUDITS = Counter("kascade_audits_total", "Settled chunks re-checked by the full model", ["agree"])

@@ -124,6 +124,7 @@ def label_document(
             settled_s0=stages["s0"],
             settled_s1=stages["s1"],
             full_model=stages["full"],
+            skipped=stages["skipped"],
             failed=sum(1 for r in results if r.error),
         ),
         model=labeling.model,

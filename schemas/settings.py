@@ -53,6 +53,13 @@ class KafkaSettings(BaseModel):
     tail: bool = Field(
         default=True, description="Keep waiting for new records; false stops at the end."
     )
+    batch_size: int = Field(
+        default=16,
+        ge=1,
+        le=10_000,
+        description="Records taken from Kafka per step: small keeps latency low under a"
+        " backlog, since a batch's labels leave together.",
+    )
     fetch_wait_max_ms: int = Field(
         default=20,
         ge=0,
@@ -128,6 +135,20 @@ class EncoderSettings(BaseModel):
     )
 
 
+class CascadeSettings(BaseModel):
+    """Whether and how the cheap stages settle chunks before the full model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["auto", "on", "off"] = Field(
+        default="auto", description="auto: on when the model directory has cascade.json."
+    )
+    operating_point: str | None = Field(default=None, description="Default: the file's own.")
+    audit_fraction: float = Field(
+        default=0.01, ge=0.0, le=1.0, description="Settled chunks also sent to the full model."
+    )
+
+
 class Settings(BaseSettings):
     """Everything a kascade run needs, validated before anything starts."""
 
@@ -145,6 +166,7 @@ class Settings(BaseSettings):
     chunking: ChunkSettings = Field(default_factory=ChunkSettings)
     encoder: EncoderSettings = Field(default_factory=EncoderSettings)
     aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     workers: int = Field(default=1, ge=1, le=256, description="Worker processes on this host.")
     recovery_dir: Path | None = Field(
         default=None, description="Bytewax recovery store; enables resuming after a crash."

@@ -171,6 +171,49 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_calibrate(args: argparse.Namespace) -> int:
+    from toolchain.calibrate import calibrate
+    from toolchain.data import read_examples
+
+    texts = read_examples(args.texts, text_column=args.text_column, label_column=None).texts
+    head_texts = (
+        read_examples(args.head_texts, text_column=args.text_column, label_column=None).texts
+        if args.head_texts
+        else None
+    )
+    spec = calibrate(
+        args.model,
+        texts,
+        epsilon=args.epsilon,
+        delta=args.delta,
+        max_tokens=args.chunk_tokens,
+        seed=args.seed,
+        head_texts=head_texts,
+    )
+    point = spec.operating_points[spec.default_operating_point]
+    r = spec.report
+    print(
+        f"wrote {args.model}/cascade.json: {r['chunks']} chunks (fit {r['fit']},"
+        f" choose {r['choose']}, certify {r['certify']})"
+    )
+    print(
+        f"heads agree with the full model on {r['head_agreement_s0']:.1%} (S0) and"
+        f" {r['head_agreement_s1']:.1%} (S1) of certification chunks"
+    )
+    print(
+        f"thresholds S0 {point.threshold_s0:.4f}, S1 {point.threshold_s1:.4f}: expected share"
+        f" settled S0 {point.expected_share_s0:.1%}, S1 {point.expected_share_s1:.1%}, full model"
+        f" {1 - point.expected_share_s0 - point.expected_share_s1:.1%}"
+    )
+    print(
+        f"certified: accepted chunks disagree with the full model on <= {point.epsilon:g} with"
+        f" probability >= {1 - point.delta:g} ({point.calibration_disagreements} of"
+        f" {point.calibration_accepted} disagreed; upper bound"
+        f" {r['certified_upper_bound_at_delta']:.4f})"
+    )
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the toolchain's subcommands to the ``kascade`` parser."""
     p = sub.add_parser("train", help="fine-tune an encoder for classification (needs [export])")
@@ -225,6 +268,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--candidates", help="comma-separated presets to try")
     _data_flags(p, labels_required=False)
     p.set_defaults(func=_cmd_quantize)
+
+    p = sub.add_parser("calibrate", help="fit the cascade's heads and certify thresholds")
+    p.add_argument("--model", required=True, type=Path, help="model directory to calibrate")
+    p.add_argument(
+        "--texts",
+        required=True,
+        type=Path,
+        help="unlabeled text like the stream's, not used in training",
+    )
+    p.add_argument("--head-texts", type=Path, help="extra text for fitting the heads only")
+    p.add_argument("--text-column", default="text")
+    p.add_argument(
+        "--epsilon", type=float, default=0.01, help="max disagreement of accepted chunks"
+    )
+    p.add_argument("--delta", type=float, default=0.05, help="allowed failure probability")
+    p.add_argument("--chunk-tokens", type=int, default=256, help="as in kascade run")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("evaluate", help="F1, agreement, speed and memory of model variants")
     p.add_argument("models", nargs="+", type=Path, help="model directories")

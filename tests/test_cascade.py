@@ -1,0 +1,195 @@
+"""The cascade: document-level early exit, the per-document state machine, and the
+calibration that certifies its thresholds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from operators.cascade import CascadeLogic, Verdict, audit_pick, label_is_decided
+from operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from schemas import Aggregation
+from toolchain.calibrate import candidates, certify, min_accepted, p_value, upper_bound
+
+TM = Aggregation.TOKEN_MEAN
+
+
+def p(*xs: float) -> np.ndarray:
+    return np.array(xs, dtype=np.float64)
+
+
+@pytest.mark.parametrize(
+    ("known", "unknown", "decided"),
+    [
+        ([(100, p(0.9, 0.1))], [], True),
+        ([], [10], False),
+        ([(100, p(0.9, 0.1))], [79], True),  # margin 80 > 79
+        ([(100, p(0.9, 0.1))], [80], False),  # 80 could tie: not decided
+        ([(50, p(0.6, 0.4)), (50, p(0.6, 0.4))], [19], True),  # margin 20
+        ([(50, p(0.6, 0.4)), (50, p(0.6, 0.4))], [10, 10], False),
+    ],
+)
+def test_token_mean_is_decided_only_when_the_worst_case_cannot_flip_it(known, unknown, decided):
+    assert label_is_decided(known, unknown, TM) is decided
+
+
+def test_majority_is_decided_when_the_unknown_votes_cannot_catch_up() -> None:
+    known = [(1, p(0.9, 0.1, 0)), (1, p(0.8, 0.2, 0)), (1, p(0.7, 0.3, 0))]
+    assert label_is_decided(known, [1, 1], Aggregation.MAJORITY)
+    assert not label_is_decided(known, [1, 1, 1], Aggregation.MAJORITY)
+
+
+def test_max_is_never_decided_while_a_chunk_is_unknown() -> None:
+    assert not label_is_decided([(1, p(0.99, 0.01))], [1], Aggregation.MAX)
+
+
+META = DocMeta(id="doc", total_chunks=3, lang=None, metadata=None, timestamp_ms=None)
+
+
+def task(i: int, n_tokens: int = 100) -> ChunkTask:
+    return ChunkTask(META, i, np.arange(n_tokens), n_tokens)
+
+
+class FakeStages:
+    """Cheap verdicts chosen by the test, counting calls."""
+
+    def __init__(self, verdicts: dict[int, Verdict]) -> None:
+        self.verdicts, self.calls = verdicts, 0
+
+    def __call__(self, t: ChunkTask) -> Verdict:
+        self.calls += 1
+        return self.verdicts[t.index]
+
+
+HIDDEN = np.zeros((1, 4, 2), dtype=np.float32)
+
+
+def test_uncertain_chunks_are_escalated_when_they_could_change_the_label() -> None:
+    stages = FakeStages(
+        {
+            0: Verdict("s0", p(0.95, 0.05)),
+            1: Verdict("uncertain", p(0.4, 0.6), HIDDEN),
+            2: Verdict("s1", p(0.3, 0.7)),
+        }
+    )
+    logic = CascadeLogic(stages, TM)
+    assert logic.on_item(task(0)) == ([], CascadeLogic.RETAIN)
+    assert logic.on_item(task(1)) == ([], CascadeLogic.RETAIN)
+    out, discard = logic.on_item(task(2))
+    assert discard is CascadeLogic.DISCARD
+    settled = [x for x in out if isinstance(x, ChunkResult)]
+    escalated = [x for x in out if isinstance(x, Escalation)]
+    assert [(r.index, r.stage) for r in settled] == [(0, "s0"), (2, "s1")]
+    assert [e.task.index for e in escalated] == [1]
+    assert escalated[0].hidden is HIDDEN  # the suffix reuses the prefix's output
+    np.testing.assert_array_equal(escalated[0].fallback, p(0.4, 0.6))
+
+
+def test_uncertain_chunks_are_skipped_when_the_document_is_already_decided() -> None:
+    stages = FakeStages(
+        {
+            0: Verdict("s0", p(0.99, 0.01)),
+            1: Verdict("s1", p(0.97, 0.03)),
+            2: Verdict("uncertain", p(0.5, 0.5), HIDDEN),
+        }
+    )
+    logic = CascadeLogic(stages, TM)
+    for i in (0, 1):
+        logic.on_item(task(i, 300))
+    out, _ = logic.on_item(task(2, 50))  # margin 0.96*300*2 far exceeds 50 tokens
+    assert all(isinstance(x, ChunkResult) for x in out)
+    assert [x.stage for x in out] == ["s0", "s1", "skipped"]
+
+
+def test_a_replayed_chunk_is_not_run_through_the_cheap_stages_twice() -> None:
+    stages = FakeStages({i: Verdict("s0", p(0.9, 0.1)) for i in range(3)})
+    logic = CascadeLogic(stages, TM)
+    logic.on_item(task(0))
+    logic.on_item(task(0))
+    assert stages.calls == 1
+
+
+def test_the_state_survives_a_snapshot_and_restore() -> None:
+    stages = FakeStages({i: Verdict("s0", p(0.9, 0.1)) for i in range(3)})
+    logic = CascadeLogic(stages, TM)
+    logic.on_item(task(0))
+    logic.on_item(task(1))
+    resumed = CascadeLogic(stages, TM, state=logic.snapshot())
+    out, discard = resumed.on_item(task(2))
+    assert discard is CascadeLogic.DISCARD and len(out) == 3
+    assert stages.calls == 3
+
+
+def test_audits_send_settled_chunks_to_the_full_model_too() -> None:
+    stages = FakeStages({i: Verdict("s0", p(0.1, 0.9)) for i in range(3)})
+    logic = CascadeLogic(stages, TM, audit_fraction=1.0)
+    for i in range(2):
+        logic.on_item(task(i))
+    out, _ = logic.on_item(task(2))
+    audits = [x for x in out if isinstance(x, Escalation)]
+    assert len(audits) == 3 and all(a.audit_of == 1 and a.fallback is None for a in audits)
+
+
+def test_audit_draws_are_deterministic_and_close_to_the_fraction() -> None:
+    picks = [audit_pick(f"doc-{i}", 0, 0.1) for i in range(20_000)]
+    assert picks == [audit_pick(f"doc-{i}", 0, 0.1) for i in range(20_000)]
+    assert 0.09 < np.mean(picks) < 0.11
+
+
+# --- calibration math ------------------------------------------------------------------
+
+
+def test_the_zero_disagreement_sample_sizes_match_the_design_notes() -> None:
+    assert min_accepted(0.01, 0.05) == 299
+    assert p_value(0, 299, 0.01) <= 0.05 < p_value(0, 298, 0.01)
+    assert p_value(1, 473, 0.01) <= 0.05 < p_value(1, 472, 0.01)
+
+
+def test_the_clopper_pearson_bound_covers_the_observed_rate() -> None:
+    assert upper_bound(0, 299, 0.05) == pytest.approx(0.01, abs=2e-4)
+    assert 3 / 800 < upper_bound(3, 800, 0.05) < 0.01
+
+
+def test_fixed_sequence_testing_stops_at_the_first_threshold_that_fails() -> None:
+    conf = np.linspace(1, 0, 1000)
+    wrong = np.zeros(1000, dtype=bool)
+    wrong[400:] = True  # everything below confidence 0.6 is wrong
+    t, n, k = certify(conf, wrong, [0.9, 0.7, 0.3, 0.65], 0.05, 0.05)
+    assert t == 0.7 and k == 0 and n == 300  # 0.3 fails, so 0.65 is never tested
+
+
+def test_candidates_run_from_conservative_to_aggressive() -> None:
+    conf = np.linspace(1, 0, 1000)
+    wrong = np.random.default_rng(0).random(1000) < (1 - conf) * 0.1
+    ts = candidates(conf, wrong, 0.02)
+    assert ts == sorted(ts, reverse=True) and len(ts) >= 2
+
+
+def test_the_certified_guarantee_holds_on_fresh_draws() -> None:
+    """Seeded simulation: a head whose errors grow as its confidence falls. Over many
+    calibration draws, the true disagreement at the certified threshold may exceed
+    epsilon in at most about delta of them."""
+    epsilon, delta, n_cal = 0.05, 0.1, 600
+    rng = np.random.default_rng(1234)
+
+    def draw(n: int) -> tuple[np.ndarray, np.ndarray]:
+        conf = rng.beta(5, 1.5, size=n)
+        wrong = rng.random(n) < 0.6 * (1 - conf) ** 1.5
+        return conf, wrong
+
+    fresh_conf, fresh_wrong = draw(400_000)
+    violations, certified = 0, 0
+    trials = 300
+    for _ in range(trials):
+        conf_a, wrong_a = draw(n_cal // 3)
+        conf_b, wrong_b = draw(n_cal)
+        t, n, _ = certify(conf_b, wrong_b, candidates(conf_a, wrong_a, epsilon), epsilon, delta)
+        if n == 0:
+            continue
+        certified += 1
+        accepted = fresh_conf >= t
+        if fresh_wrong[accepted].mean() > epsilon:
+            violations += 1
+    assert certified > trials * 0.6  # the procedure is not vacuous here
+    # Binomial slack around delta for 300 trials (~3.2 sigma).
+    assert violations / certified <= delta + 3.2 * np.sqrt(delta * (1 - delta) / certified)

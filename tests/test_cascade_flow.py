@@ -1,0 +1,101 @@
+"""Calibrating a real (tiny) model and running the cascade through the real broker."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from bytewax.testing import run_main
+from test_flow import documents, produce
+from tiny_models import CORPUS
+
+from dataflow.consume import read_all
+from dataflow.flow import build_flow
+from operators.cascade import Cascade
+from schemas import OutputRecord
+from schemas.cascade import CASCADE_FILE, CascadeSpec
+from schemas.manifest import read_manifest
+from schemas.settings import KafkaSettings, Settings
+from toolchain.calibrate import CalibrationTooSmall, calibrate
+
+
+def texts(n: int) -> list[str]:
+    return [
+        f"{CORPUS[i % 13]} and {CORPUS[(i * 7 + 3) % 13]} {CORPUS[(i * 5) % 13]}" for i in range(n)
+    ]
+
+
+@pytest.fixture(scope="module")
+def calibrated(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("calibrated") / "model"
+    shutil.copytree(exported["modernbert"], d)
+    calibrate(d, texts(300), epsilon=0.1, delta=0.1, max_tokens=64, overlap=8)
+    return d
+
+
+def test_calibration_writes_heads_and_a_certified_point_bound_to_the_model(
+    calibrated: Path,
+) -> None:
+    spec = CascadeSpec.model_validate(json.loads((calibrated / CASCADE_FILE).read_text()))
+    _, digest = read_manifest(calibrated)
+    assert spec.model_manifest_sha256 == digest
+    point = spec.operating_points[spec.default_operating_point]
+    assert (point.epsilon, point.delta) == (0.1, 0.1)
+    assert point.calibration_disagreements <= point.epsilon * point.calibration_accepted
+    assert 0 < point.expected_share_s0 + point.expected_share_s1 <= 1
+    assert spec.report["chunks"] == 300
+    assert Cascade.load(calibrated, digest).point == point
+
+
+def test_a_cascade_calibrated_for_another_model_is_refused(calibrated: Path) -> None:
+    with pytest.raises(ValueError, match="calibrated for another model"):
+        Cascade.load(calibrated, "0" * 64)
+
+
+def test_too_little_calibration_text_is_refused_with_the_numbers(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(exported["bert"], d)
+    with pytest.raises(CalibrationTooSmall, match="needs at least 299 accepted chunks"):
+        calibrate(d, texts(100), epsilon=0.01, delta=0.1, max_tokens=64, overlap=8)
+    assert not (d / CASCADE_FILE).exists()
+    f = tmp_path / "few.txt"
+    f.write_text("\n".join(texts(50)))
+    r = subprocess.run(
+        [sys.executable, "-m", "dataflow.cli", "calibrate", "--model", str(d), "--texts", str(f)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert r.returncode == 1
+    assert len(r.stderr.strip().splitlines()) == 1 and "calibration chunks" in r.stderr
+
+
+@pytest.mark.kafka
+def test_the_cascade_settles_chunks_and_every_document_still_gets_one_label(
+    kafka_settings: KafkaSettings, calibrated: Path
+) -> None:
+    docs = documents(40)
+    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    settings = Settings(
+        kafka=kafka_settings,
+        model_dir=calibrated,
+        chunking={"max_tokens": 64, "overlap": 8},
+        cascade={"mode": "on", "audit_fraction": 0.5},
+    )
+    run_main(build_flow(settings))
+    out = [
+        OutputRecord.model_validate_json(v)
+        for _, v in read_all(kafka_settings, kafka_settings.output_topic)
+    ]
+    assert sorted(r.id for r in out) == sorted(d.id for d in docs)
+    for r in out:
+        c = r.chunks
+        assert c.settled_s0 + c.settled_s1 + c.full_model + c.skipped == c.total > 0
+        assert r.label is not None and not r.degraded
+    assert sum(r.chunks.settled_s0 + r.chunks.settled_s1 for r in out) > 0
