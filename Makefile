@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXTRAS ?= dev,export,bench
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint broker-start broker-stop schemas
+.PHONY: install demo test lint bench broker-start broker-stop schemas
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: install
 # set; otherwise the tests start docker/kafka-local.sh (or testcontainers) themselves.
 test: install
 	$(BIN)/python -m pytest -v $(PYTEST_ARGS)
+
+# The benchmark suite behind docs/BENCHMARKS.md (needs ../shared/data/sib200; ~1 hour).
+bench: install
+	bash bench/all.sh
 
 lint: install
 	$(BIN)/ruff check .

@@ -109,7 +109,11 @@ def overhead(model: Path, docs: list[InputDocument], brokers: str, chunk_tokens:
         c.ids
         for d in docs
         for c in chunk_text(
-            d.text, loaded.tokenizer, max_tokens=chunk_tokens, overlap=32, max_chunks=10_000
+            d.text,
+            loaded.tokenizer,
+            max_tokens=chunk_tokens,
+            overlap=min(32, chunk_tokens // 4),
+            max_chunks=10_000,
         )
     ]
     encoder = Encoder(loaded)
@@ -121,7 +125,8 @@ def overhead(model: Path, docs: list[InputDocument], brokers: str, chunk_tokens:
 
     k = fresh_topics(brokers)
     send(k, docs)
-    settings = Settings(kafka=k, model_dir=model, chunking={"max_tokens": chunk_tokens})
+    chunking = {"max_tokens": chunk_tokens, "overlap": min(32, chunk_tokens // 4)}
+    settings = Settings(kafka=k, model_dir=model, chunking=chunking)
     flow = build_flow(settings)
     t0, c0 = time.perf_counter(), cpu_s()
     run_main(flow)
@@ -140,7 +145,12 @@ def overhead(model: Path, docs: list[InputDocument], brokers: str, chunk_tokens:
 
 
 def scaling(
-    model: Path, docs: list[InputDocument], brokers: str, workers: list[int], chunk_tokens: int
+    model: Path,
+    docs: list[InputDocument],
+    brokers: str,
+    workers: list[int],
+    chunk_tokens: int,
+    cascade_modes: tuple[str, ...] = ("off",),
 ) -> list[dict]:
     rows = []
     loaded = load_model_dir(model)
@@ -152,7 +162,7 @@ def scaling(
         )
         for d in docs
     )
-    for n in workers:
+    for n, mode in [(n, m) for m in cascade_modes for n in workers]:
         k = fresh_topics(brokers)
         send(k, docs)
         cmd = [
@@ -175,6 +185,8 @@ def scaling(
             str(n),
             "--chunk-tokens",
             str(chunk_tokens),
+            "--cascade",
+            mode,
         ]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True)
@@ -184,6 +196,7 @@ def scaling(
         rows.append(
             {
                 "workers": n,
+                "cascade": mode,
                 "documents": count,
                 "chunks": n_chunks,
                 "wall_s": wall,
@@ -206,6 +219,7 @@ def main() -> None:
     p.add_argument("--copies", type=int, default=1)
     p.add_argument("--chunk-tokens", type=int, default=256)
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--cascade", nargs="+", default=["off"], choices=["off", "on"])
     p.add_argument("--brokers", help="default: the local broker on port 9092")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
@@ -214,7 +228,9 @@ def main() -> None:
     if args.what == "overhead":
         result: object = overhead(args.model, docs, brokers, args.chunk_tokens)
     else:
-        result = scaling(args.model, docs, brokers, args.workers, args.chunk_tokens)
+        result = scaling(
+            args.model, docs, brokers, args.workers, args.chunk_tokens, tuple(args.cascade)
+        )
     print(json.dumps(result, indent=2))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

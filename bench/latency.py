@@ -27,9 +27,10 @@ def measure(
 ) -> list[dict]:
     encoders = {d: Encoder(load_model_dir(d), threads=threads) for d in dirs}
     rng = np.random.default_rng(0)
+    vocab = min(enc.model.tokenizer.get_vocab_size() for enc in encoders.values())
     times: dict[tuple[Path, int], list[float]] = {(d, n): [] for d in dirs for n in lengths}
     for n in lengths:
-        seqs = [rng.integers(3, 20_000, size=n).astype(np.int64) for _ in range(calls)]
+        seqs = [rng.integers(3, min(vocab, 20_000), size=n).astype(np.int64) for _ in range(calls)]
         for d in dirs:
             encoders[d].logits(seqs[0])  # warm-up
         for _ in range(rounds):

@@ -4,8 +4,8 @@ English train (701 sentences) is split once, seeded: ``finetune`` (300) trains t
 reference model; ``holdout`` (the last 301) is never seen by training, calibration or
 selection and is where agreement is reported; ``calibration`` (the other 100 plus
 English dev, 199) is unseen text for choosing quantization variants and cascade
-thresholds. ``holdout-<lang>`` are the other languages' translations of the held-out
-sentences: low-margin stress tests.
+thresholds. ``holdout-<lang>`` and ``calibration-<lang>`` are the other languages'
+translations of those sentences: low-margin stress tests, and a multilingual stream.
 
     python -m bench.sib200 --data ../shared/data/sib200 --out runs/sib200
 """
@@ -54,10 +54,19 @@ def split(
         "dev": dev,
     }
     holdout_ids = {r["index_id"] for r in parts["holdout"]}
+    calibration_ids = {r["index_id"] for r in parts["calibration"][: -len(dev)]}
+    finetune_ids = {r["index_id"] for r in parts["finetune"]}
     for lang_dir in sorted(p for p in data.iterdir() if p.is_dir() and p.name != "eng_Latn"):
         rows = read(lang_dir / "train.tsv")
-        # Translations of the held-out sentences only: the model never saw their meaning.
+        # Translations of held-out (and calibration) sentences only: the model never saw
+        # their meaning in any language.
         parts[f"holdout-{lang_dir.name}"] = [r for r in rows if r["index_id"] in holdout_ids]
+        parts[f"calibration-{lang_dir.name}"] = [
+            r for r in rows if r["index_id"] in calibration_ids
+        ] + read(lang_dir / "dev.tsv")
+        # The fine-tuning sentences in languages the model was not tuned on: text for
+        # fitting cascade heads (never for certifying them).
+        parts[f"heads-{lang_dir.name}"] = [r for r in rows if r["index_id"] in finetune_ids]
     for name, rows in parts.items():
         write(out / f"{name}.tsv", rows)
     return {name: len(rows) for name, rows in parts.items()}

@@ -9,7 +9,14 @@ import pytest
 from operators.cascade import CascadeLogic, Verdict, audit_pick, label_is_decided
 from operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
 from schemas import Aggregation
-from toolchain.calibrate import candidates, certify, min_accepted, p_value, upper_bound
+from toolchain.calibrate import (
+    PATH,
+    certify,
+    min_accepted,
+    p_value,
+    threshold_outcome,
+    upper_bound,
+)
 
 TM = Aggregation.TOKEN_MEAN
 
@@ -154,15 +161,8 @@ def test_fixed_sequence_testing_stops_at_the_first_threshold_that_fails() -> Non
     conf = np.linspace(1, 0, 1000)
     wrong = np.zeros(1000, dtype=bool)
     wrong[400:] = True  # everything below confidence 0.6 is wrong
-    t, n, k = certify(conf, wrong, [0.9, 0.7, 0.3, 0.65], 0.05, 0.05)
+    t, n, k = certify([0.9, 0.7, 0.3, 0.65], threshold_outcome(conf, wrong), 0.05, 0.05)
     assert t == 0.7 and k == 0 and n == 300  # 0.3 fails, so 0.65 is never tested
-
-
-def test_candidates_run_from_conservative_to_aggressive() -> None:
-    conf = np.linspace(1, 0, 1000)
-    wrong = np.random.default_rng(0).random(1000) < (1 - conf) * 0.1
-    ts = candidates(conf, wrong, 0.02)
-    assert ts == sorted(ts, reverse=True) and len(ts) >= 2
 
 
 def test_the_certified_guarantee_holds_on_fresh_draws() -> None:
@@ -178,12 +178,12 @@ def test_the_certified_guarantee_holds_on_fresh_draws() -> None:
         return conf, wrong
 
     fresh_conf, fresh_wrong = draw(400_000)
+    path = [0.9, 0.85, 0.8, 0.75, 0.7, 0.65, 0.6, 0.5]  # fixed before any draw
     violations, certified = 0, 0
     trials = 300
     for _ in range(trials):
-        conf_a, wrong_a = draw(n_cal // 3)
         conf_b, wrong_b = draw(n_cal)
-        t, n, _ = certify(conf_b, wrong_b, candidates(conf_a, wrong_a, epsilon), epsilon, delta)
+        t, n, _ = certify(path, threshold_outcome(conf_b, wrong_b), epsilon, delta)
         if n == 0:
             continue
         certified += 1
@@ -193,3 +193,7 @@ def test_the_certified_guarantee_holds_on_fresh_draws() -> None:
     assert certified > trials * 0.6  # the procedure is not vacuous here
     # Binomial slack around delta for 300 trials (~3.2 sigma).
     assert violations / certified <= delta + 3.2 * np.sqrt(delta * (1 - delta) / certified)
+
+
+def test_the_default_path_runs_from_conservative_to_aggressive() -> None:
+    assert list(PATH) == sorted(PATH, reverse=True)

@@ -1,13 +1,13 @@
 """``kascade calibrate``: fit the cascade's heads and certify their thresholds.
 
 Unlabeled text is enough: the target is the full model's own answer on each chunk.
-The calibration chunks are split three ways, seeded: the heads are fitted on one part;
-candidate thresholds are chosen on a second (the lowest confidence at which the
-empirical disagreement stays within a fraction of epsilon); and the third certifies
-them with fixed-sequence testing (Learn-then-Test): candidates are tested from the most
-conservative on, each with an exact binomial test of "disagreement > epsilon", and the
-last one rejected is kept. Each stage gets delta/2, so with probability >= 1 - delta the
-chunks accepted by S0 and by S1 disagree with the full model on at most epsilon of them.
+The heads are fitted on separate head text, or on a seeded part of the calibration
+chunks; the remaining chunks certify thresholds with fixed-sequence testing
+(Learn-then-Test): thresholds on a path fixed in advance are tested from the most
+conservative on, each with an exact binomial test of "disagreement > epsilon" on the
+union of what S0 and S1 accept, and the last one rejected is kept. So with probability
+>= 1 - delta, the chunks the cheap stages accept disagree with the full model on at most
+epsilon of them.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,34 +113,73 @@ def _probs(head: HeadWeights, x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=1, keepdims=True)
 
 
-def candidates(conf: np.ndarray, wrong: np.ndarray, epsilon: float) -> list[float]:
-    """Thresholds, most conservative first: for each fraction rho of epsilon, the lowest
-    confidence at which the empirical disagreement of accepted chunks stays <= rho*eps."""
-    order = np.argsort(-conf)
-    cum_wrong = np.cumsum(wrong[order])
-    rate = cum_wrong / np.arange(1, len(order) + 1)
-    out: list[float] = []
-    for rho in RISK_FRACTIONS:
-        ok = np.flatnonzero(rate <= rho * epsilon)
-        if len(ok):
-            t = float(conf[order][ok.max()])
-            if t not in out:
-                out.append(t)
-    return sorted(out, reverse=True)
+# The path of thresholds fixed-sequence testing walks, most conservative first. It is
+# fixed in advance (not chosen on the data), so every calibration chunk can go to
+# certification. S0, the weaker head, gets a stricter threshold on the same path.
+PATH = (
+    0.9999,
+    0.9995,
+    0.999,
+    0.998,
+    0.995,
+    0.99,
+    0.98,
+    0.97,
+    0.95,
+    0.93,
+    0.9,
+    0.85,
+    0.8,
+    0.75,
+    0.7,
+    0.6,
+    0.5,
+)
+
+
+def s0_threshold(t: float) -> float:
+    """S0's threshold for S1's ``t``: a quarter of the doubt S1 is allowed."""
+    return 1 - (1 - t) / 4
 
 
 def certify(
-    conf: np.ndarray, wrong: np.ndarray, thresholds: list[float], epsilon: float, delta: float
+    thresholds: list[float],
+    outcome: Callable[[float], tuple[int, int]],
+    epsilon: float,
+    delta: float,
 ) -> tuple[float, int, int]:
-    """Fixed-sequence test; returns (threshold, accepted, disagreements) or DISABLED."""
+    """Fixed-sequence test over ``thresholds`` (most conservative first).
+
+    ``outcome(t)`` gives (accepted, disagreements) on the certification split at ``t``.
+    Returns the last threshold whose "disagreement > epsilon" was rejected at ``delta``,
+    with its counts, or ``DISABLED``.
+
+    A threshold that accepts too few chunks for any test to reject (fewer than
+    :func:`min_accepted`, whatever the disagreements) is passed over rather than ending
+    the sequence: which thresholds are passed over depends only on the counts accepted,
+    and given those counts the first threshold actually tested is rejected wrongly with
+    probability at most ``delta``, so the guarantee stands.
+    """
     best = (DISABLED, 0, 0)
-    for t in thresholds:  # most conservative first; stop at the first failure
-        accepted = conf >= t
-        n, k = int(accepted.sum()), int(wrong[accepted].sum())
+    untestable_below = min_accepted(epsilon, delta)
+    for t in thresholds:
+        n, k = outcome(t)
+        if n < untestable_below and best[0] == DISABLED:
+            continue
         if p_value(k, n, epsilon) > delta:
             break
         best = (t, n, k)
     return best
+
+
+def threshold_outcome(conf: np.ndarray, wrong: np.ndarray) -> Callable[[float], tuple[int, int]]:
+    """Accepted and disagreeing counts of a single head at a threshold."""
+
+    def outcome(t: float) -> tuple[int, int]:
+        accepted = conf >= t
+        return int(accepted.sum()), int(wrong[accepted].sum())
+
+    return outcome
 
 
 def calibrate(
@@ -150,27 +190,30 @@ def calibrate(
     delta: float = 0.05,
     max_tokens: int = 256,
     overlap: int = 32,
-    fit_fraction: float = 0.4,
-    choose_fraction: float = 0.2,
+    fit_fraction: float | None = None,
     seed: int = 0,
     head_texts: list[str] | None = None,
     name: str = "default",
+    path: tuple[float, ...] = PATH,
 ) -> CascadeSpec:
     """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``."""
     loaded = load_model_dir(model_dir)
     m = loaded.manifest
     feats = extract(model_dir, texts, max_tokens=max_tokens, overlap=overlap)
     n = len(feats.target)
+    if fit_fraction is None:  # separate head text frees the calibration set for testing
+        fit_fraction = 0.0 if head_texts else 0.4
     order = np.random.default_rng(seed).permutation(n)
-    n_fit, n_choose = int(n * fit_fraction), int(n * choose_fraction)
-    fit, choose, cert = np.split(order, [n_fit, n_fit + n_choose])
-    need = min_accepted(epsilon, delta / 2)
+    fit, cert = np.split(order, [int(n * fit_fraction)])
+    need = min_accepted(epsilon, delta)
     if len(cert) < need:
         raise CalibrationTooSmall(
             f"{n} calibration chunks leave {len(cert)} to certify with; epsilon={epsilon:g} at"
             f" delta={delta:g} needs at least {need} accepted chunks with no disagreement"
-            f" (about {math.ceil(need / (1 - fit_fraction - choose_fraction))} chunks in all)"
+            f" (about {math.ceil(need / (1 - fit_fraction))} chunks in all)"
         )
+    if fit_fraction == 0.0 and not head_texts:
+        raise ToolchainError("fit_fraction 0 needs head_texts to fit the heads on")
     x0, x1, y = feats.embeddings, feats.hidden, feats.target
     f0, f1 = x0[fit], x1[fit]
     yf = y[fit]
@@ -182,39 +225,51 @@ def calibrate(
     s0 = fit_head(f0, yf, labels, "embeddings", seed)
     s1 = fit_head(f1, yf, labels, "hidden", seed)
 
-    def stage(head: HeadWeights, x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        p = _probs(head, x[idx])
-        return p.max(axis=1), p.argmax(axis=1) != y[idx]
+    def cascade_view(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        p0, p1 = _probs(s0, x0[idx]), _probs(s1, x1[idx])
+        return p0.max(1), p0.argmax(1) != y[idx], p1.max(1), p1.argmax(1) != y[idx]
 
-    c0a, w0a = stage(s0, x0, choose)
-    c0b, w0b = stage(s0, x0, cert)
-    t0, n0, k0 = certify(c0b, w0b, candidates(c0a, w0a, epsilon), epsilon, delta / 2)
-    # S1 sees what S0 did not accept, on both splits.
-    rest_a, rest_b = choose[c0a < t0], cert[c0b < t0]
-    c1a, w1a = stage(s1, x1, rest_a)
-    c1b, w1b = stage(s1, x1, rest_b)
-    t1, n1, k1 = certify(c1b, w1b, candidates(c1a, w1a, epsilon), epsilon, delta / 2)
-    if t0 == DISABLED and t1 == DISABLED:
+    def accepted_at(t: float, view) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Who S0 accepts, who S1 accepts after it, and whether each accepted one is wrong."""
+        c0, w0, c1, w1 = view
+        by0 = c0 >= s0_threshold(t)
+        by1 = ~by0 & (c1 >= t)
+        return by0, by1, (by0 & w0) | (by1 & w1)
+
+    view_b = cascade_view(cert)
+
+    def union(t: float) -> tuple[int, int]:
+        # One test per threshold pair certifies the union of what the cheap stages accept
+        # (a test per stage would split delta and halve the power).
+        by0, by1, wrong = accepted_at(t, view_b)
+        return int((by0 | by1).sum()), int(wrong.sum())
+
+    t, accepted, disagreements = certify(list(path), union, epsilon, delta)
+    if t == DISABLED:
+        agree0 = float(np.mean(~view_b[1]))
+        agree1 = float(np.mean(~view_b[3]))
         raise CalibrationTooSmall(
             f"no threshold could be certified for epsilon={epsilon:g} at delta={delta:g} on"
             f" {len(cert)} certification chunks (need >= {need} accepted with no"
-            " disagreement); give more calibration text or a larger epsilon"
+            f" disagreement; the heads agree with the full model on {agree0:.0%} (S0) and"
+            f" {agree1:.0%} (S1)); give more calibration text or a larger epsilon"
         )
-    accepted, wrong = n0 + n1, k0 + k1
+    by0, by1, wrong = accepted_at(t, view_b)
+    n0, n1 = int(by0.sum()), int(by1.sum())
+    k0, k1 = int((wrong & by0).sum()), int((wrong & by1).sum())
     point = OperatingPoint(
-        threshold_s0=t0,
-        threshold_s1=t1,
+        threshold_s0=s0_threshold(t),
+        threshold_s1=t,
         epsilon=epsilon,
         delta=delta,
         expected_share_s0=n0 / len(cert),
         expected_share_s1=n1 / len(cert),
         calibration_accepted=accepted,
-        calibration_disagreements=wrong,
+        calibration_disagreements=disagreements,
     )
     report = {
         "chunks": n,
         "fit": len(fit) + (0 if not head_texts else len(yf) - len(fit)),
-        "choose": len(choose),
         "certify": len(cert),
         "head_agreement_s0": float(np.mean(_probs(s0, x0[cert]).argmax(1) == y[cert])),
         "head_agreement_s1": float(np.mean(_probs(s1, x1[cert]).argmax(1) == y[cert])),
@@ -222,7 +277,7 @@ def calibrate(
         "disagreements_s0": k0,
         "accepted_s1": n1,
         "disagreements_s1": k1,
-        "certified_upper_bound_at_delta": upper_bound(wrong, accepted, delta),
+        "certified_upper_bound_at_delta": upper_bound(disagreements, accepted, delta),
         "max_tokens": max_tokens,
     }
     spec = CascadeSpec(

