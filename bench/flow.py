@@ -37,13 +37,18 @@ from toolchain.data import read_examples
 
 
 def long_documents(path: Path, sentences_per_doc: int, copies: int) -> list[InputDocument]:
-    """Documents of ``sentences_per_doc`` consecutive sentences, the set repeated ``copies``."""
-    texts = read_examples(path, text_column="text", label_column=None).texts
+    """Single-topic documents of ``sentences_per_doc`` sentences (grouped by the file's
+    ``category`` column), the whole set repeated ``copies`` times with fresh ids."""
+    labeled = read_examples(path, text_column="text", label_column="category")
+    by_topic: dict[str, list[str]] = {}
+    for text, topic in zip(labeled.texts, labeled.labels or [], strict=True):
+        by_topic.setdefault(topic, []).append(text)
     docs = []
     for c in range(copies):
-        for i in range(0, len(texts) - sentences_per_doc + 1, sentences_per_doc):
-            text = " ".join(texts[i : i + sentences_per_doc])
-            docs.append(InputDocument(id=f"c{c}-d{i}", text=text))
+        for topic, texts in sorted(by_topic.items()):
+            for i in range(0, len(texts) - sentences_per_doc + 1, sentences_per_doc):
+                text = " ".join(texts[i : i + sentences_per_doc])
+                docs.append(InputDocument(id=f"c{c}-{topic}-{i}", text=text))
     return docs
 
 

@@ -113,7 +113,7 @@ def main() -> None:
     }
     if sc:
         made.append(scaling(sc, args.out))
-    if (cc := _load(args.runs / "cascade-e02.json")) is not None:
+    if (cc := _load(args.runs / "cascade-e0.05.json")) is not None:
         made.append(cascade(cc, args.out))
     for m in made:
         print(m)
