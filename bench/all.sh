@@ -50,7 +50,7 @@ $PY -m bench.flow overhead --model "$R/minilm-int8pc" --data "$R/sib200/holdout.
 $PY -m bench.flow scaling --model "$R/minilm-int8pc" --data "$R/sib200/holdout.tsv" \
   --copies 30 --workers 1 2 --json "$R/scaling-minilm.json"
 $PY -m bench.flow scaling --model "$R/mmbert-small-int8-int4emb" --data "$R/sib200/holdout.tsv" \
-  --copies 4 --workers 1 2 --json "$R/scaling-mmbert.json"
+  --copies 12 --workers 1 2 --json "$R/scaling-mmbert.json"
 
 # 4. cascade
 for e in 0.02 0.03 0.05 0.1; do

@@ -6,8 +6,9 @@ to Kafka. kascade: ``kascade run`` with its defaults (256-token chunks, the INT8
 model, two worker processes). Both are timed from start to the last result, model loading
 included, on the same documents, one after the other on the same 2 cores.
 
-    python -m bench.baseline --fp32 runs/mmbert-small-fp32 --kascade-model runs/mmbert-small-int8-int4emb \\
-        --data runs/sib200 --doc-tokens 4000 --documents 8
+    python -m bench.baseline --fp32 runs/mmbert-small-fp32 \\
+        --kascade-model runs/mmbert-small-int8-int4emb --data runs/sib200 \\
+        --doc-tokens 4000 --documents 8
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -23,7 +23,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from bench.chunks import long_documents
-from bench.flow import fresh_topics, send
+from bench.flow import fresh_topics, kascade_run_command, send
 from dataflow.consume import read_all
 from dataflow.local_broker import ensure_local_broker
 from operators.encoder import load_model_dir
@@ -83,28 +83,7 @@ def naive_consumer(k: KafkaSettings, checkpoint: Path, expect: int, batch: int =
 
 def kascade_job(k: KafkaSettings, model: Path, workers: int) -> float:
     t0 = time.perf_counter()
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dataflow.cli",
-            "run",
-            "--bounded",
-            "--brokers",
-            k.brokers,
-            "--input-topic",
-            k.input_topic,
-            "--output-topic",
-            k.output_topic,
-            "--dead-letter-topic",
-            k.dead_letter_topic,
-            "--model-dir",
-            str(model),
-            "--workers",
-            str(workers),
-        ],
-        check=True,
-    )
+    subprocess.run(kascade_run_command(k, model, "--workers", str(workers)), check=True)
     return time.perf_counter() - t0
 
 

@@ -98,6 +98,19 @@ def output_span_s(k: KafkaSettings) -> tuple[int, float]:
     return len(stamps), (max(stamps) - min(stamps)) / 1000
 
 
+def kascade_run_command(k: KafkaSettings, model: Path, *extra: str) -> list[str]:
+    """``kascade run --bounded`` on the topics of ``k`` with ``model``."""
+    return [
+        sys.executable, "-m", "dataflow.cli", "run", "--bounded",
+        "--brokers", k.brokers,
+        "--input-topic", k.input_topic,
+        "--output-topic", k.output_topic,
+        "--dead-letter-topic", k.dead_letter_topic,
+        "--model-dir", str(model),
+        *extra,
+    ]  # fmt: skip
+
+
 def cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -170,29 +183,9 @@ def scaling(
     for n, mode in [(n, m) for m in cascade_modes for n in workers]:
         k = fresh_topics(brokers)
         send(k, docs)
-        cmd = [
-            sys.executable,
-            "-m",
-            "dataflow.cli",
-            "run",
-            "--bounded",
-            "--brokers",
-            brokers,
-            "--input-topic",
-            k.input_topic,
-            "--output-topic",
-            k.output_topic,
-            "--dead-letter-topic",
-            k.dead_letter_topic,
-            "--model-dir",
-            str(model),
-            "--workers",
-            str(n),
-            "--chunk-tokens",
-            str(chunk_tokens),
-            "--cascade",
-            mode,
-        ]
+        cmd = kascade_run_command(
+            k, model, "--workers", str(n), "--chunk-tokens", str(chunk_tokens), "--cascade", mode
+        )
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True)
         wall = time.perf_counter() - t0

@@ -11,7 +11,6 @@ on a padded batch.
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +215,3 @@ def export_random(
         cascade_layer=cascade_layer,
         max_length=max_length or model.config.max_position_embeddings,
     )
-
-
-def copy_tree(src: Path, dst: Path) -> None:
-    shutil.copytree(src, dst, dirs_exist_ok=True)
