@@ -52,6 +52,8 @@ $PY -m bench.flow scaling --model "$R/minilm-int8pc" --data "$R/sib200/holdout.t
 $PY -m bench.flow scaling --model "$R/mmbert-small-int8-int4emb" --data "$R/sib200/holdout.tsv" \
   --copies 12 --workers 1 2 --json "$R/scaling-mmbert.json"
 
+$PY -m bench.batching --model "$R/mmbert-small-int8-int4emb" --json "$R/batching.json"
+
 # 4. cascade
 for e in 0.02 0.03 0.05 0.1; do
   $PY -m bench.cascade --model "$R/minilm-auto99" --data "$R/sib200" --english-only \
