@@ -109,7 +109,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
             f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
             f" {model.manifest.max_length}"
         )
-    return run(settings, build_flow)
+    if (args.addresses is None) != (args.process_id is None):
+        raise CliError("--addresses and --process-id go together")
+    if args.addresses is None:
+        return run(settings, build_flow)
+    addresses = [a for a in args.addresses.split(";") if a]
+    if not 0 <= args.process_id < len(addresses):
+        raise CliError(f"--process-id must be in 0..{len(addresses) - 1}")
+    if settings.workers != 1:
+        raise CliError("with --addresses each host runs one worker process; drop --workers")
+    return run(settings, build_flow, process_id=args.process_id, addresses=addresses)
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
@@ -159,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--recovery-dir", type=Path, help="enable crash recovery (Bytewax snapshots)")
     g.add_argument("--snapshot-interval", type=float, help="seconds between snapshots (default 5)")
     g.add_argument("--metrics-port", type=int, help="Prometheus port (process i uses port + i)")
+    g.add_argument("--addresses", help='several hosts: "host:port;host:port;..." (same on all)')
+    g.add_argument("--process-id", type=int, help="this host's index in --addresses")
     p.set_defaults(func=_cmd_run)
 
     p = sub.add_parser("topics", help="create the input, output and dead-letter topics")

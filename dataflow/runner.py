@@ -2,8 +2,8 @@
 
 ``workers > 1`` starts N processes on this host (Bytewax cluster mode on 127.0.0.1
 ports), each with one Bytewax worker and its own ONNX Runtime session. To spread the
-same flow over several hosts, run ``python -m dataflow.worker`` on each with the same
-``--addresses`` list and its own ``--process-id`` (see README).
+same flow over several hosts, run ``kascade run --addresses "h1:p;h2:p" --process-id I``
+on each host, same list, its own id (see README).
 """
 
 from __future__ import annotations
@@ -68,13 +68,25 @@ def run_process(
     )
 
 
-def run(settings: Settings, build: FlowBuilder) -> int:
+def run(
+    settings: Settings,
+    build: FlowBuilder,
+    *,
+    process_id: int | None = None,
+    addresses: list[str] | None = None,
+) -> int:
     """Check the cluster (raises :class:`~dataflow.kafka_io.KafkaUnavailable`), then run.
 
-    Blocks until the flow ends: at the end of the input when ``kafka.tail`` is false,
-    otherwise until interrupted. Returns a process exit status.
+    With ``addresses`` this process is process ``process_id`` of a cluster spread over
+    several hosts (every host runs the same command with its own id); otherwise
+    ``settings.workers`` processes run here. Blocks until the flow ends: at the end of
+    the input when ``kafka.tail`` is false, otherwise until interrupted. Returns a
+    process exit status.
     """
     check_cluster(settings.kafka, required_topics(settings))
+    if addresses is not None:
+        run_process(settings, build, process_id=process_id, addresses=addresses)
+        return 0
     if settings.workers == 1:
         run_process(settings, build)
         return 0

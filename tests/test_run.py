@@ -139,3 +139,49 @@ def test_metrics_are_served_while_the_job_runs(
     finally:
         proc.terminate()
         proc.wait(30)
+
+
+def test_two_hosts_run_one_job_when_each_gets_the_address_list_and_its_id(
+    kafka_settings: KafkaSettings, exported: dict[str, Path]
+) -> None:
+    docs = documents(40)
+    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
+    procs = [
+        kascade_run(
+            kafka_settings,
+            exported["bert"],
+            "--bounded",
+            "--addresses",
+            addresses,
+            "--process-id",
+            str(i),
+        )
+        for i in range(2)
+    ]
+    for p in procs:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert sorted(output_ids(kafka_settings)) == sorted(d.id for d in docs)
+
+
+def test_an_address_list_without_a_process_id_is_a_one_line_error(
+    exported: dict[str, Path],
+) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dataflow.cli",
+            "run",
+            "--model-dir",
+            str(exported["bert"]),
+            "--addresses",
+            "127.0.0.1:1;127.0.0.1:2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == ["kascade: --addresses and --process-id go together"]
