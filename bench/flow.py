@@ -27,7 +27,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dataflow.consume import read_all
-from dataflow.kafka_io import create_topics
+from dataflow.kafka_io import fresh_topics as kafka_fresh_topics
 from dataflow.local_broker import ensure_local_broker
 from operators.chunking import chunk_text
 from operators.encoder import Encoder, load_model_dir
@@ -53,16 +53,7 @@ def long_documents(path: Path, sentences_per_doc: int, copies: int) -> list[Inpu
 
 
 def fresh_topics(brokers: str) -> KafkaSettings:
-    run = uuid.uuid4().hex[:8]
-    k = KafkaSettings(
-        brokers=brokers,
-        input_topic=f"bench-{run}-in",
-        output_topic=f"bench-{run}-out",
-        dead_letter_topic=f"bench-{run}-dlq",
-        tail=False,
-    )
-    create_topics(k, {k.input_topic: 4, k.output_topic: 4, k.dead_letter_topic: 1})
-    return k
+    return kafka_fresh_topics(brokers, "bench", partitions=4)
 
 
 def send(k: KafkaSettings, docs: list[InputDocument]) -> None:

@@ -9,7 +9,6 @@ what reached the output and dead-letter topics.
 from __future__ import annotations
 
 import json
-import uuid
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -18,7 +17,7 @@ from rich.table import Table
 
 from dataflow.consume import read_all
 from dataflow.flow import build_flow
-from dataflow.kafka_io import client_config, create_topics
+from dataflow.kafka_io import client_config, fresh_topics
 from dataflow.local_broker import ensure_local_broker
 from dataflow.runner import run
 from schemas import DeadLetter, OutputRecord
@@ -55,18 +54,8 @@ def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path |
         broker = ensure_local_broker(port)
         brokers = broker.bootstrap
     try:
-        run_id = uuid.uuid4().hex[:8]
-        kafka = KafkaSettings(
-            brokers=brokers,
-            input_topic=f"kascade-demo-{run_id}-text-in",
-            output_topic=f"kascade-demo-{run_id}-labels-out",
-            dead_letter_topic=f"kascade-demo-{run_id}-dead-letter",
-            tail=False,
-        )
+        kafka = fresh_topics(brokers, "kascade-demo")
         settings = Settings(kafka=kafka, model_dir=model_dir)
-        create_topics(
-            kafka, {kafka.input_topic: 2, kafka.output_topic: 2, kafka.dead_letter_topic: 1}
-        )
         docs = [line.encode() for line in SAMPLES.read_text(encoding="utf-8").splitlines() if line]
         records = [(json.loads(d)["id"].encode(), d) for d in docs]
         _send(kafka, kafka.input_topic, records + [(None, m) for m in MALFORMED])
