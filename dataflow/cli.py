@@ -109,6 +109,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
             f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
             f" {model.manifest.max_length}"
         )
+    from dataflow.flow import use_cascade
+    from operators.cascade import Cascade
+
+    try:
+        if use_cascade(settings, model):  # a stale or missing cascade.json fails here, too
+            Cascade.load(model.directory, model.manifest_sha256, settings.cascade.operating_point)
+    except (ValueError, FileNotFoundError) as e:
+        raise CliError(str(e)) from None
     if (args.addresses is None) != (args.process_id is None):
         raise CliError("--addresses and --process-id go together")
     if args.addresses is None:

@@ -102,3 +102,27 @@ def test_the_cascade_settles_chunks_and_every_document_still_gets_one_label(
         assert c.settled_s0 + c.settled_s1 + c.full_model + c.skipped == c.total > 0
         assert r.label is not None and not r.degraded
     assert sum(r.chunks.settled_s0 + r.chunks.settled_s1 for r in out) > 0
+
+
+def test_asking_for_the_cascade_without_a_calibration_is_a_one_line_error(
+    exported: dict[str, Path],
+) -> None:
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dataflow.cli",
+            "run",
+            "--model-dir",
+            str(exported["bert"]),
+            "--cascade",
+            "on",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"kascade: cascade mode is on but {exported['bert']} has no cascade.json"
+    ]
