@@ -23,7 +23,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from bench.chunks import long_documents
-from bench.flow import fresh_topics, kascade_run_command, send
+from bench.flow import fresh_topics, kascade_run_command, latency_percentiles, send
 from dataflow.consume import read_all
 from dataflow.local_broker import ensure_local_broker
 from operators.encoder import load_model_dir
@@ -127,10 +127,12 @@ def main() -> None:
         k1 = fresh_topics(brokers)
         send(k1, docs)
         naive_s = naive_consumer(k1, ckpt, len(docs))
+        naive_latency = latency_percentiles(k1)
     k2 = fresh_topics(brokers)
     send(k2, docs)
     kascade_s = kascade_job(k2, args.kascade_model, args.workers)
     assert len(read_all(k2, k2.output_topic)) == len(docs)
+    kascade_latency = latency_percentiles(k2)
     result = {
         "documents": len(docs),
         "doc_tokens": args.doc_tokens,
@@ -139,6 +141,8 @@ def main() -> None:
         "naive_docs_per_s": len(docs) / naive_s,
         "kascade_docs_per_s": len(docs) / kascade_s,
         "ratio": naive_s / kascade_s,
+        "naive_latency": naive_latency,
+        "kascade_latency": kascade_latency,
     }
     print(json.dumps(result, indent=2))
     if args.json:

@@ -24,6 +24,7 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from dataflow.consume import read_all
@@ -64,8 +65,8 @@ def send(k: KafkaSettings, docs: list[InputDocument]) -> None:
     assert p.flush(60) == 0
 
 
-def output_span_s(k: KafkaSettings) -> tuple[int, float]:
-    """Number of output records and seconds between the first and the last one."""
+def timestamps(k: KafkaSettings, topic: str) -> dict[bytes | None, int]:
+    """Kafka timestamp (ms) of every record on ``topic``, by key (the last one per key)."""
     c = Consumer(
         {
             "bootstrap.servers": k.brokers,
@@ -74,9 +75,10 @@ def output_span_s(k: KafkaSettings) -> tuple[int, float]:
             "auto.offset.reset": "earliest",
         }
     )
-    parts = c.list_topics(k.output_topic, timeout=10).topics[k.output_topic].partitions
-    c.assign([TopicPartition(k.output_topic, p, 0) for p in parts])
-    stamps, eof = [], set()
+    parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+    c.assign([TopicPartition(topic, p, 0) for p in parts])
+    stamps: dict[bytes | None, int] = {}
+    eof: set[int] = set()
     while len(eof) < len(parts):
         m = c.poll(1.0)
         if m is None:
@@ -84,9 +86,22 @@ def output_span_s(k: KafkaSettings) -> tuple[int, float]:
         if m.error():
             eof.add(m.partition())
             continue
-        stamps.append(m.timestamp()[1])
+        stamps[m.key()] = m.timestamp()[1]
     c.close()
+    return stamps
+
+
+def output_span_s(k: KafkaSettings) -> tuple[int, float]:
+    """Number of output records and seconds between the first and the last one."""
+    stamps = list(timestamps(k, k.output_topic).values())
     return len(stamps), (max(stamps) - min(stamps)) / 1000
+
+
+def latency_percentiles(k: KafkaSettings) -> dict[str, float]:
+    """p50 / p99 seconds from a document's input record to its result, by Kafka timestamps."""
+    sent, done = timestamps(k, k.input_topic), timestamps(k, k.output_topic)
+    lat = np.asarray([(done[key] - sent[key]) / 1000 for key in done if key in sent])
+    return {"p50_s": float(np.percentile(lat, 50)), "p99_s": float(np.percentile(lat, 99))}
 
 
 def kascade_run_command(k: KafkaSettings, model: Path, *extra: str) -> list[str]:
