@@ -36,6 +36,11 @@ for p in int8-int4emb int8pc-int4emb int4emb int4; do
 done
 $PY -m bench.latency "$R"/mmbert-small-{fp32,int8-int4emb,int8pc-int4emb,int4emb,int4} \
   --lengths 128 256 512 --rounds 3 --calls 3 --json "$R/latency-mmbert-small.json"
+[ -d "$R/mmbert-base-fp32" ] || $K export --random-init mmbert-base --out "$R/mmbert-base-fp32" --cascade-layer 3
+[ -d "$R/mmbert-base-int8-int4emb" ] || $K quantize --model "$R/mmbert-base-fp32" \
+  --out "$R/mmbert-base-int8-int4emb" --preset int8-int4emb
+$PY -m bench.latency "$R"/mmbert-base-{fp32,int8-int4emb} --lengths 128 256 512 --rounds 3 --calls 2 \
+  --json "$R/latency-mmbert-base.json"
 
 # 2. chunk size
 # 8192 tokens takes ~90 s and ~10 GB per pass here; add it to --lengths on a larger machine.
@@ -62,5 +67,24 @@ for e in 0.02 0.03 0.05 0.1; do
 done
 $PY -m bench.flow scaling --model "$R/cascade-model-0.05" --data "$R/sib200/holdout.tsv" \
   --sentences-per-doc 3 --copies 10 --workers 2 --cascade off on --json "$R/cascade-e2e.json"
+
+# the same cascade with more calibration text: a model fine-tuned on 200 sentences
+$PY -m bench.sib200 --data "$DATA" --out "$R/sib200-f200" --finetune 200
+[ -d "$R/f200-sib200" ] || $K train --model "$MINILM" --data "$R/sib200-f200/finetune.tsv" \
+  --dev "$R/sib200-f200/dev.tsv" --label-column category --out "$R/f200-sib200" \
+  --epochs 12 --learning-rate 1e-4 --threads 2
+[ -d "$R/f200-fp32" ] || $K export --model "$R/f200-sib200" --out "$R/f200-fp32" --cascade-layer 2
+[ -d "$R/f200-int8pc" ] || $K quantize --model "$R/f200-fp32" --out "$R/f200-int8pc" --preset int8pc
+for e in 0.02 0.03; do
+  $PY -m bench.cascade --model "$R/f200-int8pc" --data "$R/sib200-f200" --english-only \
+    --calib-per-doc 1 --per-doc 3 --epsilon $e --delta 0.05 \
+    --work "$R/f200-cascade-$e" --json "$R/f200-cascade-e$e.json" || true
+done
+$PY -m bench.flow scaling --model "$R/f200-cascade-0.03" --data "$R/sib200-f200/holdout.tsv" \
+  --sentences-per-doc 3 --copies 10 --workers 2 --cascade off on --json "$R/f200-cascade-e2e.json"
+
+# 5. against the naive consumer
+$PY -m bench.baseline --fp32 "$R/mmbert-small-fp32" --kascade-model "$R/mmbert-small-int8-int4emb" \
+  --data "$R/sib200" --doc-tokens 4000 --documents 8 --json "$R/baseline.json"
 
 $PY -m bench.plots --runs "$R" --out docs

@@ -76,8 +76,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--finetune", type=int, default=300, help="English sentences to train on")
     args = p.parse_args()
-    for name, n in split(args.data, args.out).items():
+    for name, n in split(args.data, args.out, finetune=args.finetune).items():
         print(f"{name}: {n}")
 
 
