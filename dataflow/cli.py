@@ -59,15 +59,15 @@ def _run_overrides(args: argparse.Namespace) -> dict[str, Any]:
         "metrics_port": args.metrics_port,
     }
     out: dict[str, Any] = {k: v for k, v in flat.items() if v is not None}
-    chunking = {"max_tokens": args.chunk_tokens, "overlap": args.overlap}
-    encoder = {"threads": args.threads, "micro_batch": args.micro_batch}
-    cascade = {"mode": args.cascade, "audit_fraction": args.audit_fraction}
-    if any(v is not None for v in cascade.values()):
-        out["cascade"] = {k: v for k, v in cascade.items() if v is not None}
-    if any(v is not None for v in chunking.values()):
-        out["chunking"] = {k: v for k, v in chunking.items() if v is not None}
-    if any(v is not None for v in encoder.values()):
-        out["encoder"] = {k: v for k, v in encoder.items() if v is not None}
+    sections = {
+        "chunking": {"max_tokens": args.chunk_tokens, "overlap": args.overlap},
+        "encoder": {"threads": args.threads, "micro_batch": args.micro_batch},
+        "cascade": {"mode": args.cascade, "audit_fraction": args.audit_fraction},
+    }
+    for name, values in sections.items():
+        given = {k: v for k, v in values.items() if v is not None}
+        if given:  # only what was given, so the file's and env's other keys survive
+            out[name] = given
     return out
 
 
