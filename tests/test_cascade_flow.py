@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from bytewax.testing import run_main
+from test_cli import kascade_cli
 from test_flow import documents, produce
 from tiny_models import CORPUS
 
@@ -69,12 +68,7 @@ def test_too_little_calibration_text_is_refused_with_the_numbers(
     assert not (d / CASCADE_FILE).exists()
     f = tmp_path / "few.txt"
     f.write_text("\n".join(texts(50)))
-    r = subprocess.run(
-        [sys.executable, "-m", "dataflow.cli", "calibrate", "--model", str(d), "--texts", str(f)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    r = kascade_cli("calibrate", "--model", str(d), "--texts", str(f), timeout=300)
     assert r.returncode == 1
     assert len(r.stderr.strip().splitlines()) == 1 and "calibration chunks" in r.stderr
 
@@ -107,21 +101,7 @@ def test_the_cascade_settles_chunks_and_every_document_still_gets_one_label(
 def test_asking_for_the_cascade_without_a_calibration_is_a_one_line_error(
     exported: dict[str, Path],
 ) -> None:
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dataflow.cli",
-            "run",
-            "--model-dir",
-            str(exported["bert"]),
-            "--cascade",
-            "on",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    r = kascade_cli("run", "--model-dir", str(exported["bert"]), "--cascade", "on")
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         f"kascade: cascade mode is on but {exported['bert']} has no cascade.json"

@@ -11,7 +11,8 @@ import pytest
 from dataflow.local_broker import free_port
 
 
-def _kascade(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def kascade_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``kascade ARGS`` in a fresh process, output captured."""
     return subprocess.run(
         [sys.executable, "-m", "dataflow.cli", *args],
         capture_output=True,
@@ -21,14 +22,14 @@ def _kascade(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str
 
 
 def test_an_unknown_subcommand_prints_one_line_and_exits_2() -> None:
-    r = _kascade("frobnicate")
+    r = kascade_cli("frobnicate")
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1
     assert "invalid choice" in r.stderr
 
 
 def test_a_bad_flag_value_prints_one_line_and_exits_2() -> None:
-    r = _kascade("topics", "--partitions", "many")
+    r = kascade_cli("topics", "--partitions", "many")
     assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1
 
@@ -89,7 +90,7 @@ def test_the_topics_command_creates_missing_topics_and_reports_existing_ones(
         "--dead-letter-topic",
         f"{existing}-dlq",
     )
-    r = _kascade(*args)
+    r = kascade_cli(*args)
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines() == [
         f"{existing}: exists",

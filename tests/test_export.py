@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_cli import kascade_cli
 
 from operators.encoder import Encoder, load_model_dir
 from schemas.manifest import ManifestMismatch, read_manifest
@@ -96,17 +95,11 @@ def test_a_failed_export_leaves_nothing_half_written(
     assert list(tmp_path.iterdir()) == []
 
 
-def _kascade(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "dataflow.cli", *args], capture_output=True, text=True, timeout=300
-    )
-
-
 def test_a_checkpoint_without_a_classification_head_is_a_one_line_error(tmp_path: Path) -> None:
     from tiny_models import tiny_bert
 
     base = tiny_bert(tmp_path / "base", head=False)
-    r = _kascade("export", "--model", str(base), "--out", str(tmp_path / "out"))
+    r = kascade_cli("export", "--model", str(base), "--out", str(tmp_path / "out"), timeout=300)
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         f"kascade: {base} has no sequence-classification head; fine-tune it with kascade train"
@@ -131,7 +124,7 @@ def test_bad_checkpoints_get_a_one_line_error_naming_the_problem(
 ) -> None:
     ckpt = tmp_path / "ckpt"
     setup(ckpt)
-    r = _kascade("export", "--model", str(ckpt), "--out", str(tmp_path / "out"))
+    r = kascade_cli("export", "--model", str(ckpt), "--out", str(tmp_path / "out"))
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from test_cli import kascade_cli
 from test_flow import documents, produce
 
 from dataflow.consume import read_all
@@ -168,20 +169,8 @@ def test_two_hosts_run_one_job_when_each_gets_the_address_list_and_its_id(
 def test_an_address_list_without_a_process_id_is_a_one_line_error(
     exported: dict[str, Path],
 ) -> None:
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dataflow.cli",
-            "run",
-            "--model-dir",
-            str(exported["bert"]),
-            "--addresses",
-            "127.0.0.1:1;127.0.0.1:2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    r = kascade_cli(
+        "run", "--model-dir", str(exported["bert"]), "--addresses", "127.0.0.1:1;127.0.0.1:2"
     )
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == ["kascade: --addresses and --process-id go together"]
