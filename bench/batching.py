@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from operators.encoder import Encoder, load_model_dir
+from schemas.files import write_text_atomically
 
 
 def _chunks(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[np.ndarray]:
@@ -97,7 +98,7 @@ def main() -> None:
     result = {"batches_seconds": batches(args.model), "parallel_chunks_per_s": parallel(args.model)}
     print(json.dumps(result, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomically(args.json, json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ from operators.encoder import Encoder, load_model_dir, softmax
 from operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
 from operators.reduce import ChunkVerdict, aggregate
 from schemas import Aggregation
+from schemas.files import write_text_atomically
 from toolchain.calibrate import calibrate, min_accepted
 from toolchain.evaluate import macro_f1
 
@@ -182,7 +183,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomically(args.json, json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ from operators.chunking import chunk_text
 from operators.encoder import Encoder, load_model_dir, softmax
 from operators.reduce import ChunkVerdict, aggregate
 from schemas import Aggregation
+from schemas.files import write_text_atomically
 from toolchain.evaluate import macro_f1
 from toolchain.measure import peak_rss_mb
 
@@ -144,7 +145,7 @@ def main() -> None:
             p.error("accuracy needs --data")
         result = accuracy(args.model, args.data, args.doc_tokens, args.per_size)
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomically(args.json, json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

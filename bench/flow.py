@@ -33,6 +33,7 @@ from dataflow.local_broker import ensure_local_broker
 from operators.chunking import chunk_text
 from operators.encoder import Encoder, load_model_dir
 from schemas import InputDocument
+from schemas.files import write_text_atomically
 from schemas.settings import KafkaSettings
 from toolchain.data import read_examples
 
@@ -237,7 +238,7 @@ def main() -> None:
         )
     print(json.dumps(result, indent=2))
     if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        write_text_atomically(args.json, json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

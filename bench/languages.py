@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from schemas.files import write_text_atomically
 from toolchain.data import read_examples
 from toolchain.measure import run, tokenize
 
@@ -42,7 +43,9 @@ def main() -> None:
     means = {v: float(np.mean([r[v] for r in result.values()])) for v in map(str, args.variants)}
     print("mean", " ".join(f"{Path(k).name}={v:.3f}" for k, v in means.items()))
     if args.json:
-        args.json.write_text(json.dumps({"by_language": result, "mean": means}, indent=2) + "\n")
+        write_text_atomically(
+            args.json, json.dumps({"by_language": result, "mean": means}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

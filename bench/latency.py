@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from operators.encoder import Encoder, load_model_dir
+from schemas.files import write_text_atomically
 from toolchain.measure import peak_rss_mb, size_mb
 
 
@@ -75,7 +76,9 @@ def main() -> None:
     for row in rows:
         print(json.dumps(row))
     if args.json:
-        args.json.write_text(json.dumps({"threads": args.threads, "rows": rows}, indent=2) + "\n")
+        write_text_atomically(
+            args.json, json.dumps({"threads": args.threads, "rows": rows}, indent=2) + "\n"
+        )
 
 
 if __name__ == "__main__":

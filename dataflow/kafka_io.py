@@ -49,13 +49,7 @@ def check_cluster(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, i
     forever in ``list_topics`` when the broker is down.
     """
     admin = AdminClient(client_config(settings))
-    try:
-        meta = admin.list_topics(timeout=settings.connect_timeout_s)
-    except KafkaException as e:
-        raise KafkaUnavailable(
-            f"cannot reach Kafka at {settings.brokers} within "
-            f"{settings.connect_timeout_s:g}s: {e.args[0].str() if e.args else e}"
-        ) from None
+    meta = _cluster_metadata(admin, settings)
     found: dict[str, int] = {}
     missing = []
     for topic in topics:
@@ -67,21 +61,26 @@ def check_cluster(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, i
     if missing:
         raise KafkaUnavailable(
             f"Kafka at {settings.brokers} has no topic {', '.join(repr(t) for t in missing)};"
-            " create it first (kascade topics --create)"
+            " create it first (kascade topics)"
         )
     return found
 
 
-def create_topics(
-    settings: KafkaSettings, topics: dict[str, int], *, timeout_s: float | None = None
-) -> list[str]:
-    """Create the topics that do not exist yet (name -> partitions); returns those created."""
-    timeout = settings.connect_timeout_s if timeout_s is None else timeout_s
-    admin = AdminClient(client_config(settings))
+def _cluster_metadata(admin: AdminClient, settings: KafkaSettings) -> Any:
     try:
-        existing = admin.list_topics(timeout=timeout).topics
+        return admin.list_topics(timeout=settings.connect_timeout_s)
     except KafkaException as e:
-        raise KafkaUnavailable(f"cannot reach Kafka at {settings.brokers}: {e}") from None
+        raise KafkaUnavailable(
+            f"cannot reach Kafka at {settings.brokers} within "
+            f"{settings.connect_timeout_s:g}s: {e.args[0].str() if e.args else e}"
+        ) from None
+
+
+def create_topics(settings: KafkaSettings, topics: dict[str, int]) -> list[str]:
+    """Create the topics that do not exist yet (name -> partitions); returns those created."""
+    timeout = settings.connect_timeout_s
+    admin = AdminClient(client_config(settings))
+    existing = _cluster_metadata(admin, settings).topics
     wanted = [
         NewTopic(name, num_partitions=parts, replication_factor=-1)
         for name, parts in topics.items()

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
 from pydantic import BaseModel
 
+from schemas.files import write_text_atomically
 from schemas.records import DeadLetter, InputDocument, OutputRecord
 
 SCHEMA_DIR = Path(__file__).parent / "json"
@@ -37,13 +36,6 @@ def load(name: str) -> dict:
     return json.loads((SCHEMA_DIR / name).read_text(encoding="utf-8"))
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m schemas.export", description=__doc__)
     parser.add_argument("--check", action="store_true", help="only report stale files")
@@ -56,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         stale.append(name)
         if not args.check:
-            _write_atomically(path, text)
+            write_text_atomically(path, text)
     if args.check and stale:
         print(f"stale schemas: {', '.join(stale)}; run python -m schemas.export", file=sys.stderr)
         return 1

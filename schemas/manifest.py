@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.files import write_text_atomically
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -101,11 +101,7 @@ def sha256_file(path: Path) -> str:
 def write_manifest(directory: Path, manifest: ModelManifest) -> str:
     """Write ``manifest.json`` atomically; returns its sha256 (the model's identity)."""
     text = manifest.model_dump_json(indent=2) + "\n"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".manifest.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)  # mkstemp creates it owner-only; a manifest is meant to be read
-    os.replace(tmp, directory / MANIFEST)
+    write_text_atomically(Path(directory) / MANIFEST, text)
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -8,11 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 
+from schemas.files import write_text_atomically
 from toolchain import ToolchainError
 
 
@@ -23,15 +22,6 @@ def _data_flags(p: argparse.ArgumentParser, *, labels_required: bool) -> None:
         default="label" if labels_required else None,
         help="column with the gold label" + ("" if labels_required else " (optional)"),
     )
-
-
-def _write_json_atomically(path: Path, obj: object) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
 
 
 def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
@@ -167,7 +157,9 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
         ],
     )
     if args.json:
-        _write_json_atomically(args.json, {"data": str(args.data), "rows": rows})
+        write_text_atomically(
+            args.json, json.dumps({"data": str(args.data), "rows": rows}, indent=2) + "\n"
+        )
     return 0
 
 

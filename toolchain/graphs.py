@@ -14,6 +14,7 @@ from pathlib import Path
 import onnx
 from onnx.utils import Extractor
 
+from schemas.files import current_umask
 from schemas.manifest import (
     EMBED_GRAPH,
     FULL_GRAPH,
@@ -84,12 +85,6 @@ def finish(directory: Path, manifest: ModelManifest) -> ModelManifest:
     return manifest
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
 def refuse_existing(out: Path) -> None:
     if out.exists():
         raise ToolchainError(f"output directory {out} already exists; choose another or remove it")
@@ -101,7 +96,7 @@ def staged_directory(out: Path) -> Iterator[Path]:
     refuse_existing(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it private; the result should not be
+    os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes it private; the result should not be
     try:
         yield tmp
         os.rename(tmp, out)
