@@ -7,6 +7,7 @@ unreachable, bad settings) gets one line and exit status 1.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from collections.abc import Sequence
@@ -119,14 +120,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         raise CliError(str(e)) from None
     if (args.addresses is None) != (args.process_id is None):
         raise CliError("--addresses and --process-id go together")
+    # The model verified above goes to the flow (and to worker processes) as it is, so its
+    # files are hashed once per run, not once more per process.
+    build = functools.partial(build_flow, model=model)
     if args.addresses is None:
-        return run(settings, build_flow)
+        return run(settings, build)
     addresses = [a for a in args.addresses.split(";") if a]
     if not 0 <= args.process_id < len(addresses):
         raise CliError(f"--process-id must be in 0..{len(addresses) - 1}")
     if settings.workers != 1:
         raise CliError("with --addresses each host runs one worker process; drop --workers")
-    return run(settings, build_flow, process_id=args.process_id, addresses=addresses)
+    return run(settings, build, process_id=args.process_id, addresses=addresses)
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:

@@ -12,9 +12,9 @@ from operators.chunking import (
     ChunkLimitExceeded,
     SpecialTokens,
     chunk_text,
-    load_tokenizer,
     windows,
 )
+from operators.encoder import load_tokenizer
 
 
 @given(n=st.integers(0, 3000), size=st.integers(1, 600), data=st.data())

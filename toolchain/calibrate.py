@@ -13,8 +13,6 @@ epsilon of them.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +24,7 @@ from operators.cascade import pooled
 from operators.chunking import chunk_text
 from operators.encoder import Encoder, load_model_dir
 from schemas.cascade import CASCADE_FILE, CascadeSpec, HeadWeights, OperatingPoint
+from schemas.files import write_text_atomically
 from toolchain import ToolchainError
 
 RISK_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
@@ -67,14 +66,12 @@ class Features:
     tokens: np.ndarray  # n, chunk lengths
 
 
-def extract(model_dir: Path, texts: list[str], *, max_tokens: int, overlap: int) -> Features:
+def extract(enc: Encoder, texts: list[str], *, max_tokens: int, overlap: int) -> Features:
     """Pooled features and the full model's answer for every chunk of ``texts``."""
-    loaded = load_model_dir(model_dir)
-    enc = Encoder(loaded, graphs="stages")
     f0, f1, y, n = [], [], [], []
     for text in texts:
         for c in chunk_text(
-            text, loaded.tokenizer, max_tokens=max_tokens, overlap=overlap, max_chunks=10_000
+            text, enc.model.tokenizer, max_tokens=max_tokens, overlap=overlap, max_chunks=10_000
         ):
             ids = c.ids[None, :]
             mask = np.ones_like(ids)
@@ -199,7 +196,8 @@ def calibrate(
     """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``."""
     loaded = load_model_dir(model_dir)
     m = loaded.manifest
-    feats = extract(model_dir, texts, max_tokens=max_tokens, overlap=overlap)
+    enc = Encoder(loaded, graphs="stages")
+    feats = extract(enc, texts, max_tokens=max_tokens, overlap=overlap)
     n = len(feats.target)
     if fit_fraction is None:  # separate head text frees the calibration set for testing
         fit_fraction = 0.0 if head_texts else 0.4
@@ -218,7 +216,7 @@ def calibrate(
     f0, f1 = x0[fit], x1[fit]
     yf = y[fit]
     if head_texts:
-        extra = extract(model_dir, head_texts, max_tokens=max_tokens, overlap=overlap)
+        extra = extract(enc, head_texts, max_tokens=max_tokens, overlap=overlap)
         f0, f1 = np.vstack([f0, extra.embeddings]), np.vstack([f1, extra.hidden])
         yf = np.concatenate([yf, extra.target])
     labels = len(m.labels)
@@ -237,6 +235,7 @@ def calibrate(
         return by0, by1, (by0 & w0) | (by1 & w1)
 
     view_b = cascade_view(cert)
+    agree0, agree1 = float(np.mean(~view_b[1])), float(np.mean(~view_b[3]))
 
     def union(t: float) -> tuple[int, int]:
         # One test per threshold pair certifies the union of what the cheap stages accept
@@ -246,8 +245,6 @@ def calibrate(
 
     t, accepted, disagreements = certify(list(path), union, epsilon, delta)
     if t == DISABLED:
-        agree0 = float(np.mean(~view_b[1]))
-        agree1 = float(np.mean(~view_b[3]))
         raise CalibrationTooSmall(
             f"no threshold could be certified for epsilon={epsilon:g} at delta={delta:g} on"
             f" {len(cert)} certification chunks (need >= {need} accepted with no"
@@ -269,10 +266,10 @@ def calibrate(
     )
     report = {
         "chunks": n,
-        "fit": len(fit) + (0 if not head_texts else len(yf) - len(fit)),
+        "fit": len(yf),
         "certify": len(cert),
-        "head_agreement_s0": float(np.mean(_probs(s0, x0[cert]).argmax(1) == y[cert])),
-        "head_agreement_s1": float(np.mean(_probs(s1, x1[cert]).argmax(1) == y[cert])),
+        "head_agreement_s0": agree0,
+        "head_agreement_s1": agree1,
         "accepted_s0": n0,
         "disagreements_s0": k0,
         "accepted_s1": n1,
@@ -290,13 +287,5 @@ def calibrate(
         default_operating_point=name,
         report=report,
     )
-    _write_atomically(Path(model_dir) / CASCADE_FILE, spec.model_dump_json(indent=1) + "\n")
+    write_text_atomically(Path(model_dir) / CASCADE_FILE, spec.model_dump_json(indent=1) + "\n")
     return spec
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
