@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections import deque
 from collections.abc import Iterable
+from datetime import datetime
 from typing import Any
 
-from bytewax.connectors.kafka import KafkaSource
+from bytewax.connectors.kafka import KafkaError as KafkaSourceError
+from bytewax.connectors.kafka import KafkaSource, KafkaSourceMessage
+from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -116,14 +120,15 @@ def fresh_topics(brokers: str, prefix: str, *, partitions: int = 2) -> KafkaSett
     return k
 
 
-def source(settings: KafkaSettings, topics: list[str]) -> KafkaSource:
-    """Bytewax's Kafka source with our client settings; offsets live in Bytewax recovery."""
+def source(settings: KafkaSettings, topics: list[str]) -> ByteBudgetSource:
+    """Bytewax's Kafka source with our client settings and a byte budget per step;
+    offsets live in Bytewax recovery."""
     config = client_config(settings)
     brokers = config.pop("bootstrap.servers").split(",")
     # Bytewax passes these to its admin client too, which warns about consumer-only
     # keys; the consumers are what they are for.
     config["fetch.wait.max.ms"] = str(settings.fetch_wait_max_ms)
-    return KafkaSource(
+    kafka = KafkaSource(
         brokers,
         topics,
         tail=settings.tail,
@@ -131,6 +136,71 @@ def source(settings: KafkaSettings, topics: list[str]) -> KafkaSource:
         batch_size=settings.batch_size,
         raise_on_errors=False,
     )
+    return ByteBudgetSource(kafka, settings.batch_max_bytes)
+
+
+SourceItem = KafkaSourceMessage | KafkaSourceError
+
+
+def _offset(item: SourceItem) -> int:
+    return item.msg.offset if isinstance(item, KafkaSourceError) else item.offset
+
+
+def _size(item: SourceItem) -> int:
+    value = item.msg.value if isinstance(item, KafkaSourceError) else item.value
+    return len(value or b"")
+
+
+class _ByteBudgetPartition(StatefulSourcePartition[SourceItem, int | None]):
+    """Hands on at most ``max_bytes`` of record values per step (at least one record),
+    keeping the rest of the consumer's batch for the next steps.
+
+    Every label of a step leaves together, so a step's size bounds the latency a
+    backlog adds: 16 records of 4,000 tokens are ~250 chunks, seconds of model time.
+    """
+
+    def __init__(self, inner: StatefulSourcePartition[SourceItem, int | None], max_bytes: int):
+        self._inner = inner
+        self._max_bytes = max_bytes
+        self._held: deque[SourceItem] = deque()
+
+    def next_batch(self) -> list[SourceItem]:
+        if not self._held:
+            self._held.extend(self._inner.next_batch())  # StopIteration at the end passes on
+        batch: list[SourceItem] = []
+        size = 0
+        while self._held and (not batch or size + _size(self._held[0]) <= self._max_bytes):
+            item = self._held.popleft()
+            batch.append(item)
+            size += _size(item)
+        return batch
+
+    def next_awake(self) -> datetime | None:
+        return None if self._held else self._inner.next_awake()
+
+    def snapshot(self) -> int | None:
+        # Held records have been consumed but not handed on: resume at the first of them.
+        return _offset(self._held[0]) if self._held else self._inner.snapshot()
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class ByteBudgetSource(FixedPartitionedSource[SourceItem, int | None]):
+    """A Kafka source whose steps carry at most ``max_bytes`` of record values."""
+
+    def __init__(self, kafka: KafkaSource, max_bytes: int):
+        self._kafka = kafka
+        self._max_bytes = max_bytes
+
+    def list_parts(self) -> list[str]:
+        return self._kafka.list_parts()
+
+    def build_part(
+        self, step_id: str, for_part: str, resume_state: int | None
+    ) -> _ByteBudgetPartition:
+        inner = self._kafka.build_part(step_id, for_part, resume_state)
+        return _ByteBudgetPartition(inner, self._max_bytes)
 
 
 class _DeliveryCheckedPartition(StatelessSinkPartition[KeyValue]):

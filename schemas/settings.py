@@ -60,6 +60,13 @@ class KafkaSettings(BaseModel):
         description="Records taken from Kafka per step: small keeps latency low under a"
         " backlog, since a batch's labels leave together.",
     )
+    batch_max_bytes: int = Field(
+        default=16_384,
+        ge=1,
+        le=64 * 1024 * 1024,
+        description="Text bytes per step (at least one record): bounds a step's model work"
+        " when documents are long, as batch_size does when they are short.",
+    )
     fetch_wait_max_ms: int = Field(
         default=20,
         ge=0,
