@@ -83,8 +83,25 @@ done
 $PY -m bench.flow scaling --model "$R/f200-cascade-0.03" --data "$R/sib200-f200/holdout.tsv" \
   --sentences-per-doc 3 --copies 10 --workers 2 --cascade off on --json "$R/f200-cascade-e2e.json"
 
+# the same 200-sentence model with a larger calibration set (399 unseen sentences; the
+# test stream keeps 201 held-out sentences), at cascade layer 2 and at layer 1
+$PY -m bench.sib200 --data "$DATA" --out "$R/sib200-c" --finetune 200 --holdout 201
+[ -d "$R/f200-l1-fp32" ] || $K export --model "$R/f200-sib200" --out "$R/f200-l1-fp32" --cascade-layer 1
+[ -d "$R/f200-l1-int8pc" ] || $K quantize --model "$R/f200-l1-fp32" --out "$R/f200-l1-int8pc" --preset int8pc
+for m in f200-int8pc f200-l1-int8pc; do
+  $PY -m bench.cascade --model "$R/$m" --data "$R/sib200-c" --english-only \
+    --calib-per-doc 1 --per-doc 3 --epsilon 0.02 --delta 0.05 \
+    --work "$R/c-$m-0.02" --json "$R/c-$m-0.02.json" || true
+done
+$PY -m bench.flow scaling --model "$R/c-f200-int8pc-0.02" --data "$R/sib200-c/holdout.tsv" \
+  --sentences-per-doc 3 --copies 15 --workers 2 --cascade off on --json "$R/c-e2e.json"
+$PY -m bench.flow scaling --model "$R/c-f200-int8pc-0.02" --data "$R/sib200-c/holdout.tsv" \
+  --sentences-per-doc 24 --copies 40 --workers 2 --cascade off on --json "$R/c-e2e-long.json"
+
 # 5. against the naive consumer
-$PY -m bench.baseline --fp32 "$R/mmbert-small-fp32" --kascade-model "$R/mmbert-small-int8-int4emb" \
-  --data "$R/sib200" --doc-tokens 4000 --documents 8 --json "$R/baseline.json"
+for n in 8 32; do
+  $PY -m bench.baseline --fp32 "$R/mmbert-small-fp32" --kascade-model "$R/mmbert-small-int8-int4emb" \
+    --data "$R/sib200" --doc-tokens 4000 --documents $n --json "$R/baseline-$n.json"
+done
 
 $PY -m bench.plots --runs "$R" --out docs

@@ -1,10 +1,10 @@
 """Splits of SIB-200 for the benchmarks, written to a work folder (never committed).
 
-English train (701 sentences) is split once, seeded: ``finetune`` (300) trains the
-reference model; ``holdout`` (the last 301) is never seen by training, calibration or
-selection and is where agreement is reported; ``calibration`` (the other 100 plus
-English dev, 199) is unseen text for choosing quantization variants and cascade
-thresholds. ``holdout-<lang>`` and ``calibration-<lang>`` are the other languages'
+English train (701 sentences) is split once, seeded: ``finetune`` (300, ``--finetune``)
+trains the reference model; ``holdout`` (the last 301, ``--holdout``) is never seen by
+training, calibration or selection and is where agreement is reported; ``calibration``
+(the rest of train plus English dev: 199 by default) is unseen text for choosing
+quantization variants and cascade thresholds. ``holdout-<lang>`` and ``calibration-<lang>`` are the other languages'
 translations of those sentences: low-margin stress tests, and a multilingual stream.
 
     python -m bench.sib200 --data ../shared/data/sib200 --out runs/sib200
@@ -77,8 +77,11 @@ def main() -> None:
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--finetune", type=int, default=300, help="English sentences to train on")
+    p.add_argument(
+        "--holdout", type=int, default=301, help="English train sentences kept for testing"
+    )
     args = p.parse_args()
-    for name, n in split(args.data, args.out, finetune=args.finetune).items():
+    for name, n in split(args.data, args.out, finetune=args.finetune, holdout=args.holdout).items():
         print(f"{name}: {n}")
 
 
