@@ -4,8 +4,9 @@ English train (701 sentences) is split once, seeded: ``finetune`` (300, ``--fine
 trains the reference model; ``holdout`` (the last 301, ``--holdout``) is never seen by
 training, calibration or selection and is where agreement is reported; ``calibration``
 (the rest of train plus English dev: 199 by default) is unseen text for choosing
-quantization variants and cascade thresholds. ``holdout-<lang>`` and ``calibration-<lang>`` are the other languages'
-translations of those sentences: low-margin stress tests, and a multilingual stream.
+quantization variants and cascade thresholds. ``holdout-<lang>`` and
+``calibration-<lang>`` are the other languages' translations of those sentences:
+low-margin stress tests, and a multilingual stream.
 
     python -m bench.sib200 --data ../shared/data/sib200 --out runs/sib200
 """
