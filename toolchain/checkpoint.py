@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from toolchain import ToolchainError
 
 SUPPORTED = ("bert", "modernbert", "roberta", "xlm-roberta")
+
+
+@contextmanager
+def _loading(what: str) -> Iterator[None]:
+    """Turn a Hugging Face loading failure into a one-line :class:`ToolchainError`."""
+    try:
+        yield
+    except (OSError, ValueError) as e:
+        raise ToolchainError(f"cannot load {what}: {str(e).splitlines()[0]}") from None
 
 
 def _config(source: str) -> Any:
@@ -19,12 +30,8 @@ def _config(source: str) -> Any:
             raise ToolchainError(f"{source} is not a Hugging Face checkpoint (no config.json)")
     elif source.startswith((".", "/", "~")) or source.count("/") != 1:
         raise ToolchainError(f"checkpoint not found: {source}")
-    try:
+    with _loading(f"the configuration of {source}"):
         config = AutoConfig.from_pretrained(source)
-    except (OSError, ValueError) as e:
-        raise ToolchainError(
-            f"cannot load the configuration of {source}: {str(e).splitlines()[0]}"
-        ) from None
     if config.model_type not in SUPPORTED:
         raise ToolchainError(
             f"{source}: unsupported architecture {config.model_type!r};"
@@ -59,10 +66,8 @@ def load_classifier(source: str, *, labels: list[str] | None = None):
             "label2id": {label: i for i, label in enumerate(labels)},
             "ignore_mismatched_sizes": True,
         }
-    try:
+    with _loading(source):
         model = AutoModelForSequenceClassification.from_pretrained(source, **kwargs)
-    except (OSError, ValueError) as e:
-        raise ToolchainError(f"cannot load {source}: {str(e).splitlines()[0]}") from None
     return model.eval()
 
 
@@ -75,12 +80,8 @@ def tokenizer_json(source: str, out: Path) -> None:
     """Write the checkpoint's fast tokenizer as ``tokenizer.json`` into ``out``."""
     from transformers import AutoTokenizer
 
-    try:
+    with _loading(f"the tokenizer of {source}"):
         tok = AutoTokenizer.from_pretrained(source)
-    except (OSError, ValueError) as e:
-        raise ToolchainError(
-            f"cannot load the tokenizer of {source}: {str(e).splitlines()[0]}"
-        ) from None
     if not tok.is_fast:
         raise ToolchainError(f"{source} has no fast tokenizer (tokenizer.json) to serve with")
     tok.backend_tokenizer.save(str(out / "tokenizer.json"))
