@@ -50,65 +50,58 @@ def save_tokenizer(directory: Path, vocab_size: int = 400) -> None:
     fast.save_pretrained(directory)
 
 
-def _label_kwargs(labels: list[str]) -> dict:
+def _tiny_kwargs(labels: list[str]) -> dict:
+    """Config arguments both tiny architectures share: the same small shape, the labels."""
     return {
+        "vocab_size": 400,
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "pad_token_id": 0,
         "num_labels": len(labels),
         "id2label": dict(enumerate(labels)),
         "label2id": {label: i for i, label in enumerate(labels)},
     }
 
 
+def _save_seeded(model_cls, config, directory: Path, seed: int) -> Path:
+    import torch
+
+    torch.manual_seed(seed)
+    model_cls(config).save_pretrained(directory)
+    save_tokenizer(directory)
+    return directory
+
+
 def tiny_modernbert(
     directory: Path, *, labels: list[str] = LABELS, seed: int = 0, head: bool = True
 ) -> Path:
     """A 4-layer ModernBERT with a 32-token local window, so tests cross it cheaply."""
-    import torch
     from transformers import ModernBertConfig, ModernBertForSequenceClassification, ModernBertModel
 
     config = ModernBertConfig(
-        vocab_size=400,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
         max_position_embeddings=512,
         local_attention=32,
         global_attn_every_n_layers=3,
         global_rope_theta=160000.0,
         local_rope_theta=160000.0,
         classifier_pooling="mean",
-        pad_token_id=0,
         cls_token_id=1,
         sep_token_id=2,
         bos_token_id=1,
         eos_token_id=2,
-        **_label_kwargs(labels),
+        **_tiny_kwargs(labels),
     )
-    torch.manual_seed(seed)
     cls = ModernBertForSequenceClassification if head else ModernBertModel
-    cls(config).save_pretrained(directory)
-    save_tokenizer(directory)
-    return directory
+    return _save_seeded(cls, config, directory, seed)
 
 
 def tiny_bert(
     directory: Path, *, labels: list[str] = LABELS, seed: int = 0, head: bool = True
 ) -> Path:
-    import torch
     from transformers import BertConfig, BertForSequenceClassification, BertModel
 
-    config = BertConfig(
-        vocab_size=400,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        max_position_embeddings=256,
-        pad_token_id=0,
-        **_label_kwargs(labels),
-    )
-    torch.manual_seed(seed)
+    config = BertConfig(max_position_embeddings=256, **_tiny_kwargs(labels))
     cls = BertForSequenceClassification if head else BertModel
-    cls(config).save_pretrained(directory)
-    save_tokenizer(directory)
-    return directory
+    return _save_seeded(cls, config, directory, seed)
