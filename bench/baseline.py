@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.operators.encoder import load_model_dir
+from kascade.schemas import InputDocument
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.settings import KafkaSettings
 
 from bench.chunks import long_documents
 from bench.flow import fresh_topics, kascade_run_command, latency_percentiles, send
-from dataflow.consume import read_all
-from dataflow.local_broker import ensure_local_broker
-from operators.encoder import load_model_dir
-from schemas import InputDocument
-from schemas.files import write_text_atomically
-from schemas.settings import KafkaSettings
 
 
 def naive_consumer(k: KafkaSettings, checkpoint: Path, expect: int, batch: int = 32) -> float:
@@ -114,10 +114,9 @@ def main() -> None:
     ]
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "checkpoint"
+        from kascade.toolchain.architectures import random_classifier
+        from kascade.toolchain.export import default_tokenizer_dir
         from transformers import AutoTokenizer
-
-        from toolchain.architectures import random_classifier
-        from toolchain.export import default_tokenizer_dir
 
         manifest = load_model_dir(args.fp32).manifest
         name = manifest.source.split(":")[1] if manifest.source.startswith("random-init:") else None

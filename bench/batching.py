@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from operators.encoder import Encoder, load_model_dir
-from schemas.files import write_text_atomically
+from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.schemas.files import write_text_atomically
 
 
 def _chunks(n: int, lo: int, hi: int, vocab: int, seed: int = 0) -> list[np.ndarray]:

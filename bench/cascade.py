@@ -23,16 +23,16 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-
-from operators.cascade import Cascade, CascadeLogic, Verdict, cheap_stages
-from operators.chunking import chunk_text
-from operators.encoder import Encoder, load_model_dir, softmax
-from operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
-from operators.reduce import ChunkVerdict, aggregate
-from schemas import Aggregation
-from schemas.files import write_text_atomically
-from toolchain.calibrate import calibrate, min_accepted
-from toolchain.evaluate import macro_f1
+from kascade.operators.cascade import Cascade, CascadeLogic, Verdict, cheap_stages
+from kascade.operators.chunking import chunk_text
+from kascade.operators.encoder import Encoder, load_model_dir, softmax
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.operators.reduce import ChunkVerdict, aggregate
+from kascade.schemas import Aggregation
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.settings import ChunkSettings
+from kascade.toolchain.calibrate import calibrate, min_accepted
+from kascade.toolchain.evaluate import macro_f1
 
 
 def topic_documents(files: list[Path], per_doc: int) -> list[tuple[str, str, str]]:
@@ -172,10 +172,10 @@ def main() -> None:
         head_texts=[t for _, t, _ in heads],
         epsilon=args.epsilon,
         delta=args.delta,
-        max_tokens=args.max_tokens,
+        chunking=ChunkSettings(max_tokens=args.max_tokens),
     )
     result = {
-        "calibration": spec.report
+        "calibration": spec.report.model_dump()
         | {"point": spec.operating_points[spec.default_operating_point].model_dump()},
         "test": evaluate(
             args.work, test, max_tokens=args.max_tokens, strategy=Aggregation.TOKEN_MEAN

@@ -26,14 +26,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from operators.chunking import chunk_text
-from operators.encoder import Encoder, load_model_dir, softmax
-from operators.reduce import ChunkVerdict, aggregate
-from schemas import Aggregation
-from schemas.files import write_text_atomically
-from toolchain.evaluate import macro_f1
-from toolchain.measure import peak_rss_mb
+from kascade.operators.chunking import chunk_text
+from kascade.operators.encoder import Encoder, load_model_dir, softmax
+from kascade.operators.reduce import ChunkVerdict, aggregate
+from kascade.schemas import Aggregation
+from kascade.schemas.files import write_text_atomically
+from kascade.toolchain.evaluate import macro_f1
+from kascade.toolchain.measure import peak_rss_mb
 
 
 def speed(model: Path, lengths: list[int], repeats: int) -> list[dict]:

@@ -26,16 +26,15 @@ from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
-
-from dataflow.consume import read_all
-from dataflow.kafka_io import fresh_topics as kafka_fresh_topics
-from dataflow.local_broker import ensure_local_broker
-from operators.chunking import chunk_text
-from operators.encoder import Encoder, load_model_dir
-from schemas import InputDocument
-from schemas.files import write_text_atomically
-from schemas.settings import KafkaSettings
-from toolchain.data import read_examples
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.kafka_io import fresh_topics as kafka_fresh_topics
+from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.operators.chunking import chunk_text
+from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.schemas import InputDocument
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.settings import KafkaSettings
+from kascade.toolchain.data import read_examples
 
 
 def long_documents(path: Path, sentences_per_doc: int, copies: int) -> list[InputDocument]:
@@ -108,7 +107,7 @@ def latency_percentiles(k: KafkaSettings) -> dict[str, float]:
 def kascade_run_command(k: KafkaSettings, model: Path, *extra: str) -> list[str]:
     """``kascade run --bounded`` on the topics of ``k`` with ``model``."""
     return [
-        sys.executable, "-m", "dataflow.cli", "run", "--bounded",
+        sys.executable, "-m", "kascade", "run", "--bounded",
         "--brokers", k.brokers,
         "--input-topic", k.input_topic,
         "--output-topic", k.output_topic,
@@ -125,9 +124,8 @@ def cpu_s() -> float:
 
 def overhead(model: Path, docs: list[InputDocument], brokers: str, chunk_tokens: int) -> dict:
     from bytewax.testing import run_main
-
-    from dataflow.flow import build_flow
-    from schemas.settings import Settings
+    from kascade.dataflow.flow import build_flow
+    from kascade.schemas.settings import Settings
 
     loaded = load_model_dir(model)
     chunks = [

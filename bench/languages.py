@@ -11,10 +11,9 @@ import json
 from pathlib import Path
 
 import numpy as np
-
-from schemas.files import write_text_atomically
-from toolchain.data import read_examples
-from toolchain.measure import run, tokenize
+from kascade.schemas.files import write_text_atomically
+from kascade.toolchain.data import read_examples
+from kascade.toolchain.measure import run, tokenize
 
 
 def agreement_by_language(reference: Path, variants: list[Path], data: Path) -> dict[str, dict]:

@@ -17,10 +17,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-
-from operators.encoder import Encoder, load_model_dir
-from schemas.files import write_text_atomically
-from toolchain.measure import peak_rss_mb, size_mb
+from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.schemas.files import write_text_atomically
+from kascade.toolchain.measure import peak_rss_mb, size_mb
 
 
 def measure(

@@ -6,9 +6,8 @@ import time
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
-from dataflow.kafka_io import client_config
-from schemas.settings import KafkaSettings
+from kascade.dataflow.kafka_io import client_config
+from kascade.schemas.settings import KafkaSettings
 
 
 def read_all(

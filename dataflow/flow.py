@@ -6,23 +6,28 @@ that receives the original bytes and the reason for anything the flow could not 
 
 from __future__ import annotations
 
+import logging
+
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError
 from bytewax.dataflow import Dataflow, Stream
+from kascade.dataflow.kafka_io import DeliveryCheckedSink, source
+from kascade.operators import metrics
+from kascade.operators.cascade import Cascade, cascade
+from kascade.operators.chunking import chunk
+from kascade.operators.encoder import Loaded, load_model_dir
+from kascade.operators.full_model import classify
+from kascade.operators.items import ChunkResult
+from kascade.operators.reduce import Labeling, assemble
+from kascade.operators.validate import Received, kafka_errors, validate
+from kascade.schemas import CascadeUse, DeadLetter, ModelIdentity, OutputRecord
+from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch
+from kascade.schemas.manifest import TOKENIZER
+from kascade.schemas.settings import Settings
 
-from dataflow.kafka_io import DeliveryCheckedSink, source
-from operators import metrics
-from operators.cascade import cascade
-from operators.chunking import chunk
-from operators.encoder import Loaded, load_model_dir
-from operators.full_model import classify
-from operators.items import ChunkResult
-from operators.reduce import Labeling, assemble
-from operators.validate import Received, kafka_errors, validate
-from schemas import DeadLetter, ModelIdentity, OutputRecord
-from schemas.cascade import CASCADE_FILE
-from schemas.manifest import TOKENIZER
-from schemas.settings import Settings
+from kascade.errors import UsageError
+
+log = logging.getLogger(__name__)
 
 
 def ingest(flow: Dataflow, settings: Settings) -> tuple[Stream[Received], Stream[DeadLetter]]:
@@ -59,12 +64,45 @@ def _serialize_output(record: OutputRecord) -> tuple[bytes, bytes]:
     return record.id.encode(), record.model_dump_json().encode()
 
 
-def use_cascade(settings: Settings, model: Loaded) -> bool:
-    """Whether the flow runs the cheap stages (``cascade.mode`` and ``cascade.json``)."""
+def cascade_use(settings: Settings, model: Loaded) -> CascadeUse:
+    """Whether the flow runs the cheap stages: ``cascade.mode``, the model's
+    ``cascade.json``, and whether it was certified on this run's chunking.
+
+    Raises :class:`CascadeMismatch` for a cascade that cannot serve this run, unless
+    ``cascade.if_uncertified`` says to go on without it.
+    """
+    c = settings.cascade
     present = (model.directory / CASCADE_FILE).is_file()
-    if settings.cascade.mode == "on" and not present:
-        raise ValueError(f"cascade mode is on but {model.directory} has no {CASCADE_FILE}")
-    return settings.cascade.mode == "on" or (settings.cascade.mode == "auto" and present)
+    if c.mode == "off" or (c.mode == "auto" and not present):
+        return CascadeUse.OFF
+    cascade = Cascade.load(model.directory, model.manifest_sha256, c.operating_point)
+    problem = cascade.certified_for(settings.chunking, model.manifest.files[TOKENIZER])
+    if problem is None:
+        return CascadeUse.ON
+    if c.if_uncertified == "refuse":
+        raise CascadeMismatch(
+            f"{problem}: run with those chunking settings, run kascade calibrate again, or"
+            " set cascade.if_uncertified=full_model to classify every chunk with the full model"
+        )
+    log.warning("%s; every chunk goes to the full model (cascade.if_uncertified)", problem)
+    return CascadeUse.UNCERTIFIED
+
+
+def prepare(settings: Settings) -> Loaded:
+    """The verified model of a run, after every check that needs no broker: the model
+    directory against its manifest, the chunk size against the model, the cascade."""
+    if settings.model_dir is None:
+        raise UsageError(
+            "no model: pass --model-dir DIR (or KASCADE_MODEL_DIR, or model_dir in --config)"
+        )
+    model = load_model_dir(settings.model_dir)
+    if settings.chunking.max_tokens > model.manifest.max_length:
+        raise UsageError(
+            f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
+            f" {model.manifest.max_length}"
+        )
+    cascade_use(settings, model)
+    return model
 
 
 def _record_audit(_step: str, result: ChunkResult) -> None:
@@ -77,26 +115,20 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
     """The classifying flow: Kafka -> chunks -> full model on any worker -> per-document
     label -> Kafka, with dead letters for what cannot be read or is too long.
 
-    ``model`` defaults to ``settings.model_dir``, verified against its manifest.
+    ``model`` is what :func:`prepare` returned; by default it is prepared here.
     """
-    if model is None:
-        if settings.model_dir is None:
-            raise ValueError("settings.model_dir is required to classify")
-        model = load_model_dir(settings.model_dir)
-    if settings.chunking.max_tokens > model.manifest.max_length:
-        raise ValueError(
-            f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
-            f" {model.manifest.max_length}"
-        )
+    model = model or prepare(settings)
+    use = cascade_use(settings, model)
     labeling = Labeling(
         labels=model.manifest.labels,
         aggregation=settings.aggregation,
         model=model_identity(model),
+        cascade=use,
     )
     flow = Dataflow("kascade")
     docs, dead = ingest(flow, settings)
     chunked = chunk("chunk", docs, model.directory / TOKENIZER, settings.chunking)
-    if use_cascade(settings, model):
+    if use is CascadeUse.ON:
         cheap = cascade(
             "cascade",
             chunked.chunks,

@@ -22,8 +22,9 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+from kascade.schemas.settings import KafkaSettings
 
-from schemas.settings import KafkaSettings
+from kascade.errors import KascadeError
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines, routed into Python logging instead of raw stderr.
@@ -38,11 +39,11 @@ def client_config(settings: KafkaSettings) -> dict[str, Any]:
 KeyValue = tuple[bytes | str | None, bytes]
 
 
-class KafkaUnavailable(RuntimeError):
+class KafkaUnavailable(KascadeError):
     """The cluster could not be reached, or a topic the flow needs is missing."""
 
 
-class DeliveryFailed(RuntimeError):
+class DeliveryFailed(KascadeError):
     """Kafka did not accept a record the flow produced."""
 
 

@@ -20,10 +20,9 @@ from datetime import timedelta
 from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
-
-from dataflow.kafka_io import check_cluster
-from dataflow.local_broker import free_port
-from schemas.settings import Settings
+from kascade.dataflow.kafka_io import check_cluster
+from kascade.dataflow.local_broker import free_port
+from kascade.schemas.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -68,24 +67,20 @@ def run_process(
     )
 
 
-def run(
-    settings: Settings,
-    build: FlowBuilder,
-    *,
-    process_id: int | None = None,
-    addresses: list[str] | None = None,
-) -> int:
-    """Check the cluster (raises :class:`~dataflow.kafka_io.KafkaUnavailable`), then run.
+def run(settings: Settings, build: FlowBuilder) -> int:
+    """Check the cluster (raises :class:`~kascade.dataflow.kafka_io.KafkaUnavailable`),
+    then run.
 
-    With ``addresses`` this process is process ``process_id`` of a cluster spread over
-    several hosts (every host runs the same command with its own id); otherwise
-    ``settings.workers`` processes run here. Blocks until the flow ends: at the end of
-    the input when ``kafka.tail`` is false, otherwise until interrupted. Returns a
-    process exit status.
+    With ``settings.addresses`` this process is process ``settings.process_id`` of a
+    cluster spread over several hosts (every host runs the same command with its own
+    id); otherwise ``settings.workers`` processes run here. Blocks until the flow ends:
+    at the end of the input when ``kafka.tail`` is false, otherwise until interrupted.
+    Returns a process exit status.
     """
     check_cluster(settings.kafka, required_topics(settings))
-    if addresses is not None:
-        run_process(settings, build, process_id=process_id, addresses=addresses)
+    hosts = settings.cluster
+    if hosts is not None:
+        run_process(settings, build, process_id=settings.process_id, addresses=hosts)
         return 0
     if settings.workers == 1:
         run_process(settings, build)
@@ -100,7 +95,7 @@ def _supervise(settings: Settings, build: FlowBuilder) -> int:
     procs = []
     for i in range(settings.workers):
         p = subprocess.Popen(
-            [sys.executable, "-m", "dataflow.worker", str(i), ";".join(addresses)],
+            [sys.executable, "-m", "kascade.dataflow.worker", str(i), ";".join(addresses)],
             stdin=subprocess.PIPE,
         )
         assert p.stdin is not None

@@ -1,4 +1,4 @@
-"""One worker process of a multi-process run: ``python -m dataflow.worker ID ADDRESSES``.
+"""One worker process of a multi-process run: ``python -m kascade.dataflow.worker ID ADDRESSES``.
 
 Reads the pickled ``(settings, flow builder)`` from stdin (so credentials never appear
 in argv or the environment) and runs process ``ID`` of the cluster ``ADDRESSES``
@@ -11,12 +11,15 @@ import logging
 import pickle
 import sys
 
-from dataflow.runner import run_process
+from kascade.dataflow.runner import run_process
 
 
 def main() -> int:
     if len(sys.argv) != 3:
-        print("usage: python -m dataflow.worker PROCESS_ID ADDRESSES < settings", file=sys.stderr)
+        print(
+            "usage: python -m kascade.dataflow.worker PROCESS_ID ADDRESSES < settings",
+            file=sys.stderr,
+        )
         return 2
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kascade.rdkafka").setLevel(logging.ERROR)

@@ -9,7 +9,7 @@ probability reaches the stage's calibrated threshold.
 
 Per document (:class:`CascadeLogic`), once every chunk has been through S0/S1, the
 uncertain chunks are escalated only if their full-model answers could still change
-the document's label under the reduce strategy (:func:`label_is_decided`); otherwise
+the document's label under the reduce strategy (:meth:`Strategy.decided`); otherwise
 they are skipped and their S1 estimate stands.
 """
 
@@ -26,14 +26,21 @@ import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
-
-from operators import metrics
-from operators.encoder import Encoder, softmax
-from operators.full_model import worker_encoder
-from operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
-from schemas import Aggregation
-from schemas.cascade import CASCADE_FILE, CascadeSpec, HeadWeights, OperatingPoint
-from schemas.settings import CascadeSettings
+from kascade.operators import metrics
+from kascade.operators.aggregation import STRATEGIES
+from kascade.operators.encoder import Encoder, softmax
+from kascade.operators.full_model import worker_encoder
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.schemas import Aggregation
+from kascade.schemas.cascade import (
+    CASCADE_FILE,
+    CASCADE_VERSION,
+    CascadeMismatch,
+    CascadeSpec,
+    HeadWeights,
+    OperatingPoint,
+)
+from kascade.schemas.settings import CascadeSettings, ChunkSettings
 
 Stage = str  # "s0" | "s1" | "full" | "skipped"
 
@@ -71,18 +78,45 @@ class Cascade:
     def load(
         cls, model_dir: Path, manifest_sha256: str, operating_point: str | None = None
     ) -> Cascade:
+        """The heads and operating point of ``model_dir/cascade.json``, checked against
+        the model; raises :class:`CascadeMismatch` with one line saying what to do."""
         path = Path(model_dir) / CASCADE_FILE
         if not path.is_file():
-            raise FileNotFoundError(f"{model_dir} has no {CASCADE_FILE}; run kascade calibrate")
-        spec = CascadeSpec.model_validate(json.loads(path.read_text()))
+            raise CascadeMismatch(f"{model_dir} has no {CASCADE_FILE}; run kascade calibrate")
+        try:
+            raw = json.loads(path.read_text())
+            if raw.get("version") != CASCADE_VERSION:
+                raise CascadeMismatch(
+                    f"{path} has format version {raw.get('version')}, this kascade reads"
+                    f" {CASCADE_VERSION}; run kascade calibrate again"
+                )
+            spec = CascadeSpec.model_validate(raw)
+        except (ValueError, AttributeError) as e:  # JSON or schema: ValidationError is one
+            raise CascadeMismatch(f"{path} is not a valid {CASCADE_FILE}: {e}") from None
         if spec.model_manifest_sha256 != manifest_sha256:
-            raise ValueError(f"{path} was calibrated for another model (manifest differs)")
+            raise CascadeMismatch(f"{path} was calibrated for another model (manifest differs)")
         name = operating_point or spec.default_operating_point
         if name not in spec.operating_points:
-            raise ValueError(
+            raise CascadeMismatch(
                 f"no operating point {name!r} in {path}; have {', '.join(spec.operating_points)}"
             )
         return cls(spec, Head.of(spec.s0), Head.of(spec.s1), spec.operating_points[name])
+
+    def certified_for(self, chunking: ChunkSettings, tokenizer_sha256: str) -> str | None:
+        """Why this calibration does not hold for chunks made this way (``None``: it does).
+
+        The guarantee is a statement about the chunks it was measured on; other sizes,
+        overlaps or tokenizations are another distribution.
+        """
+        c = self.spec.chunking
+        if c.tokenizer_sha256 != tokenizer_sha256:
+            return "the cascade was certified with another tokenizer"
+        if (c.max_tokens, c.overlap) != (chunking.max_tokens, chunking.overlap):
+            return (
+                f"the cascade was certified on {c.describe()}; this run makes"
+                f" {chunking.max_tokens}-token chunks with overlap {chunking.overlap}"
+            )
+        return None
 
 
 @dataclass(frozen=True)
@@ -92,41 +126,6 @@ class Verdict:
     stage: Stage  # "s0", "s1" (settled) or "uncertain"
     probs: np.ndarray
     hidden: np.ndarray | None = None  # prefix output, kept for escalation
-
-
-def label_is_decided(
-    known: list[tuple[float, np.ndarray]], unknown_weights: list[float], strategy: Aggregation
-) -> bool:
-    """True when no answer for the unknown chunks can change the document's label.
-
-    ``known`` are (token weight, probabilities) of settled chunks; each unknown chunk may
-    turn out to be any probability vector.
-
-    >>> p = np.array([0.9, 0.1])
-    >>> label_is_decided([(100, p)], [30], Aggregation.TOKEN_MEAN)
-    True
-    >>> label_is_decided([(100, p)], [90], Aggregation.TOKEN_MEAN)
-    False
-    """
-    if not unknown_weights:
-        return True
-    if not known:
-        return False
-    probs = np.stack([p for _, p in known])
-    if strategy is Aggregation.TOKEN_MEAN:
-        weights = np.asarray([w for w, _ in known])
-        mass = (probs * weights[:, None]).sum(axis=0)
-        leader = int(mass.argmax())
-        # Worst case: every unknown chunk puts all its weight on the strongest rival.
-        rival = np.delete(mass, leader).max()
-        return bool(mass[leader] - rival > sum(unknown_weights))
-    if strategy is Aggregation.MAJORITY:
-        votes = np.bincount(probs.argmax(axis=1), minlength=probs.shape[1])
-        leader = int(votes.argmax())
-        rival = np.delete(votes, leader).max()
-        return bool(votes[leader] - rival > len(unknown_weights))
-    # MAX: an unknown chunk can always be the single most confident one.
-    return False
 
 
 def audit_pick(doc_id: str, index: int, fraction: float) -> bool:
@@ -177,10 +176,11 @@ class CascadeLogic(StatefulLogic[ChunkTask, "ChunkResult | Escalation", CascadeS
     def _decide(self, s: CascadeState) -> list[ChunkResult | Escalation]:
         settled = {i: v for i, v in s.verdicts.items() if v.stage != "uncertain"}
         uncertain = {i: v for i, v in s.verdicts.items() if v.stage == "uncertain"}
-        decided = label_is_decided(
-            [(float(s.tasks[i].n_tokens), v.probs) for i, v in settled.items()],
+        known = sorted(settled)
+        decided = STRATEGIES[self.strategy].decided(
+            np.stack([settled[i].probs for i in known]) if known else np.empty((0, 0)),
+            np.asarray([float(s.tasks[i].n_tokens) for i in known]),
             [float(s.tasks[i].n_tokens) for i in uncertain],
-            self.strategy,
         )
         out: list[ChunkResult | Escalation] = []
         for i, v in sorted(settled.items()):

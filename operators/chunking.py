@@ -18,14 +18,13 @@ from pathlib import Path
 import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
+from kascade.operators import metrics
+from kascade.operators.encoder import load_tokenizer
+from kascade.operators.items import ChunkTask, DocMeta
+from kascade.operators.validate import Received
+from kascade.schemas import DeadLetter, DeadLetterReason
+from kascade.schemas.settings import ChunkSettings
 from tokenizers import Tokenizer
-
-from operators import metrics
-from operators.encoder import load_tokenizer
-from operators.items import ChunkTask, DocMeta
-from operators.validate import Received
-from schemas import DeadLetter, DeadLetterReason
-from schemas.settings import ChunkSettings
 
 
 def windows(n: int, *, size: int, overlap: int) -> list[tuple[int, int]]:

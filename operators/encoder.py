@@ -18,9 +18,7 @@ from typing import Literal
 
 import numpy as np
 import onnxruntime as ort
-from tokenizers import Tokenizer
-
-from schemas.manifest import (
+from kascade.schemas.manifest import (
     EMBED_GRAPH,
     FULL_GRAPH,
     PREFIX_GRAPH,
@@ -29,6 +27,7 @@ from schemas.manifest import (
     ModelManifest,
     read_manifest,
 )
+from tokenizers import Tokenizer
 
 Graphs = Literal["full", "stages"]
 

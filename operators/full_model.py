@@ -10,11 +10,10 @@ from pathlib import Path
 import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
-
-from operators import metrics
-from operators.encoder import Encoder, Graphs, load_model_dir, softmax
-from operators.items import ChunkResult, ChunkTask, Escalation
-from schemas.settings import EncoderSettings
+from kascade.operators import metrics
+from kascade.operators.encoder import Encoder, Graphs, load_model_dir, softmax
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation
+from kascade.schemas.settings import EncoderSettings
 
 
 @functools.lru_cache(maxsize=2)

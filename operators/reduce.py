@@ -1,4 +1,6 @@
-"""Combining chunk verdicts into one document label: a closed set of named strategies.
+"""Per-document reduce: a document's chunk verdicts become one output record.
+
+The strategies themselves live in :mod:`kascade.operators.aggregation`.
 
 >>> import numpy as np
 >>> v = [ChunkVerdict(0, 30, np.array([0.9, 0.1])), ChunkVerdict(1, 10, np.array([0.2, 0.8]))]
@@ -19,9 +21,9 @@ import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
-
-from operators.items import ChunkResult, DocMeta
-from schemas import Aggregation, ChunkCounts, ModelIdentity, OutputRecord
+from kascade.operators.aggregation import STRATEGIES
+from kascade.operators.items import ChunkResult, DocMeta
+from kascade.schemas import Aggregation, CascadeUse, ChunkCounts, ModelIdentity, OutputRecord
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,6 @@ class DocumentLabel:
     scores: dict[str, float]
 
 
-def _token_mean(probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
-    return (probs * weights[:, None]).sum(axis=0) / weights.sum()
-
-
 def aggregate(
     verdicts: list[ChunkVerdict], strategy: Aggregation, labels: list[str]
 ) -> DocumentLabel:
@@ -53,26 +51,10 @@ def aggregate(
         return DocumentLabel(None, 0.0, {})
     probs = np.stack([v.probs for v in usable]).astype(np.float64)  # type: ignore[misc]
     weights = np.asarray([max(v.n_tokens, 1) for v in usable], dtype=np.float64)
-    mean = _token_mean(probs, weights)
-    if strategy is Aggregation.TOKEN_MEAN:
-        scores = mean
-    elif strategy is Aggregation.MAX:
-        peak = probs.max(axis=0)
-        scores = peak / peak.sum()
-    elif strategy is Aggregation.MAJORITY:
-        votes = np.bincount(probs.argmax(axis=1), minlength=len(labels)).astype(np.float64)
-        scores = votes / votes.sum()
-        top = np.flatnonzero(votes == votes.max())
-        winner = int(top[np.argmax(mean[top])])
-        return DocumentLabel(labels[winner], float(scores[winner]), _named(scores, labels))
-    else:  # pragma: no cover - closed enum
-        raise ValueError(strategy)
-    best = int(np.argmax(scores))
-    return DocumentLabel(labels[best], float(scores[best]), _named(scores, labels))
-
-
-def _named(scores: np.ndarray, labels: list[str]) -> dict[str, float]:
-    return {label: float(s) for label, s in zip(labels, scores, strict=True)}
+    winner, scores = STRATEGIES[strategy].combine(probs, weights)
+    return DocumentLabel(
+        labels[winner], float(scores[winner]), dict(zip(labels, scores, strict=True))
+    )
 
 
 @dataclass(frozen=True)
@@ -82,6 +64,7 @@ class Labeling:
     labels: list[str]
     aggregation: Aggregation
     model: ModelIdentity
+    cascade: CascadeUse = CascadeUse.OFF
 
 
 @dataclass
@@ -131,6 +114,7 @@ def label_document(
         latency_ms=latency,
         degraded=bool(reasons),
         reasons=reasons,
+        cascade=labeling.cascade,
         lang=meta.lang,
         metadata=meta.metadata,
     )

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError, KafkaSourceMessage
 from bytewax.dataflow import Stream, operator
+from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, SourcePosition
 from pydantic import ValidationError
-
-from schemas import DeadLetter, DeadLetterReason, InputDocument, SourcePosition
 
 RawMessage = KafkaSourceMessage[bytes | None, bytes | None]
 

@@ -1,12 +1,13 @@
 """Message and configuration contracts of kascade.
 
 The typed records here are the single source of the JSON Schemas in ``schemas/json``;
-``python -m schemas.export`` rewrites those files and a test keeps them in step.
+``python -m kascade.schemas.export`` rewrites those files and a test keeps them in step.
 This package imports nothing else of the project.
 """
 
-from schemas.records import (
+from kascade.schemas.records import (
     Aggregation,
+    CascadeUse,
     ChunkCounts,
     DeadLetter,
     DeadLetterReason,
@@ -18,6 +19,7 @@ from schemas.records import (
 
 __all__ = [
     "Aggregation",
+    "CascadeUse",
     "ChunkCounts",
     "DeadLetter",
     "DeadLetterReason",

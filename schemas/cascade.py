@@ -11,8 +11,47 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kascade.errors import KascadeError
+
 CASCADE_FILE = "cascade.json"
-CASCADE_VERSION = 1
+# The guarantee kascade calibrate certifies unless told otherwise.
+DEFAULT_EPSILON = 0.01
+DEFAULT_DELTA = 0.05
+CASCADE_VERSION = 2  # 2: records the chunking and tokenizer it was certified on
+
+
+class CascadeMismatch(KascadeError):
+    """A ``cascade.json`` that cannot serve this run (missing, stale, other chunking)."""
+
+
+class CertifiedChunking(BaseModel):
+    """The chunks a calibration measured: its guarantee holds for these chunks only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(gt=0)
+    overlap: int = Field(ge=0)
+    tokenizer_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+
+    def describe(self) -> str:
+        return f"{self.max_tokens}-token chunks with overlap {self.overlap}"
+
+
+class CalibrationReport(BaseModel):
+    """What ``kascade calibrate`` measured on its certification chunks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    chunks: int = Field(description="Calibration chunks in all.")
+    fit: int = Field(description="Chunks the heads were fitted on.")
+    certify: int = Field(description="Chunks the thresholds were certified on.")
+    head_agreement_s0: float
+    head_agreement_s1: float
+    accepted_s0: int
+    disagreements_s0: int
+    accepted_s1: int
+    disagreements_s1: int
+    certified_upper_bound_at_delta: float
 
 
 class HeadWeights(BaseModel):
@@ -45,10 +84,11 @@ class CascadeSpec(BaseModel):
 
     version: int = CASCADE_VERSION
     model_manifest_sha256: str = Field(description="Manifest digest of the model it fits.")
+    chunking: CertifiedChunking
     cascade_layer: int
     labels: list[str]
     s0: HeadWeights
     s1: HeadWeights
     operating_points: dict[str, OperatingPoint]
     default_operating_point: str
-    report: dict = Field(default_factory=dict, description="Calibration measurements.")
+    report: CalibrationReport

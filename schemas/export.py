@@ -1,6 +1,6 @@
 """Writes the JSON Schemas of the Kafka records into ``schemas/json``.
 
-Run ``python -m schemas.export`` after changing a record; ``--check`` exits non-zero
+Run ``python -m kascade.schemas.export`` after changing a record; ``--check`` exits non-zero
 when a committed file is stale (the test suite does the same).
 """
 
@@ -11,10 +11,9 @@ import json
 import sys
 from pathlib import Path
 
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.records import DeadLetter, InputDocument, OutputRecord
 from pydantic import BaseModel
-
-from schemas.files import write_text_atomically
-from schemas.records import DeadLetter, InputDocument, OutputRecord
 
 SCHEMA_DIR = Path(__file__).parent / "json"
 CONTRACTS: dict[str, type[BaseModel]] = {
@@ -37,7 +36,7 @@ def load(name: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m schemas.export", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m kascade.schemas.export", description=__doc__)
     parser.add_argument("--check", action="store_true", help="only report stale files")
     args = parser.parse_args(argv)
     stale = []
@@ -50,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
         if not args.check:
             write_text_atomically(path, text)
     if args.check and stale:
-        print(f"stale schemas: {', '.join(stale)}; run python -m schemas.export", file=sys.stderr)
+        print(
+            f"stale schemas: {', '.join(stale)}; run python -m kascade.schemas.export",
+            file=sys.stderr,
+        )
         return 1
     return 0
 

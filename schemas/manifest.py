@@ -18,9 +18,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from kascade.schemas.files import write_text_atomically
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from schemas.files import write_text_atomically
+from kascade.errors import KascadeError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -38,7 +39,7 @@ TOKENIZER = "tokenizer.json"
 LABELS = "labels.json"
 
 
-class ManifestMismatch(RuntimeError):
+class ManifestMismatch(KascadeError):
     """A model directory's files are not the ones its manifest describes."""
 
 

@@ -83,6 +83,16 @@ class ModelIdentity(BaseModel):
     )
 
 
+class CascadeUse(StrEnum):
+    """Whether a run's cheap stages were in force."""
+
+    ON = "on"  # calibrated heads settled the chunks they were certified to settle
+    OFF = "off"  # every chunk went to the full model, as configured
+    # The model's cascade.json was certified on other chunking or another tokenizer, and
+    # the run was told to go on without it (cascade.if_uncertified = "full_model").
+    UNCERTIFIED = "uncertified"
+
+
 class OutputRecord(BaseModel):
     """One label per document, written to the output topic keyed by document id."""
 
@@ -109,6 +119,9 @@ class OutputRecord(BaseModel):
         default=False, description="True when some chunk's full-model call failed."
     )
     reasons: list[str] = Field(default_factory=list, description="Why the record is degraded.")
+    cascade: CascadeUse = Field(
+        default=CascadeUse.OFF, description="Whether calibrated cheap stages could settle chunks."
+    )
     lang: str | None = None
     metadata: dict[str, Any] | None = None
 

@@ -12,9 +12,8 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
-
-from dataflow.kafka_io import create_topics
-from schemas.settings import KafkaSettings
+from kascade.dataflow.kafka_io import create_topics
+from kascade.schemas.settings import KafkaSettings
 
 
 def _docker_engine_answers() -> bool:
@@ -40,7 +39,7 @@ def kafka_bootstrap() -> Iterator[str]:
         with KafkaContainer().with_kraft() as container:
             yield container.get_bootstrap_server()
         return
-    from dataflow.local_broker import ensure_local_broker, free_port
+    from kascade.dataflow.local_broker import ensure_local_broker, free_port
 
     broker = ensure_local_broker(free_port())
     try:

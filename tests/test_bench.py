@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import pytest
-from test_flow import documents
+from helpers import SMALL_CHUNKS, TINY_PATH, documents, texts
+from kascade.schemas import Aggregation
 
 from bench import latency, plots
 from bench.cascade import evaluate as cascade_evaluate
 from bench.env import environment
 from bench.flow import overhead
-from schemas import Aggregation
 
 
 def test_the_environment_records_cpu_and_library_versions() -> None:
@@ -44,13 +44,11 @@ def test_the_cascade_benchmark_compares_against_the_full_model(
 ) -> None:
     import shutil
 
-    from test_cascade_flow import TINY_PATH, texts
-
-    from toolchain.calibrate import calibrate
+    from kascade.toolchain.calibrate import calibrate
 
     d = tmp_path / "m"
     shutil.copytree(exported["modernbert"], d)
-    calibrate(d, texts(200), epsilon=0.1, delta=0.1, max_tokens=64, overlap=8, path=TINY_PATH)
+    calibrate(d, texts(200), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
     docs = [(f"d{i}", t, "sports") for i, t in enumerate(texts(20))]
     result = cascade_evaluate(d, docs, max_tokens=64, strategy=Aggregation.TOKEN_MEAN)
     assert result["documents"] == 20

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from operators.cascade import CascadeLogic, Verdict, audit_pick, label_is_decided
-from operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
-from schemas import Aggregation
-from toolchain.calibrate import (
+from kascade.operators.cascade import CascadeLogic, Verdict, audit_pick
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.schemas import Aggregation
+from kascade.toolchain.calibrate import (
     PATH,
     certify,
     min_accepted,
@@ -23,31 +22,6 @@ TM = Aggregation.TOKEN_MEAN
 
 def p(*xs: float) -> np.ndarray:
     return np.array(xs, dtype=np.float64)
-
-
-@pytest.mark.parametrize(
-    ("known", "unknown", "decided"),
-    [
-        ([(100, p(0.9, 0.1))], [], True),
-        ([], [10], False),
-        ([(100, p(0.9, 0.1))], [79], True),  # margin 80 > 79
-        ([(100, p(0.9, 0.1))], [80], False),  # 80 could tie: not decided
-        ([(50, p(0.6, 0.4)), (50, p(0.6, 0.4))], [19], True),  # margin 20
-        ([(50, p(0.6, 0.4)), (50, p(0.6, 0.4))], [10, 10], False),
-    ],
-)
-def test_token_mean_is_decided_only_when_the_worst_case_cannot_flip_it(known, unknown, decided):
-    assert label_is_decided(known, unknown, TM) is decided
-
-
-def test_majority_is_decided_when_the_unknown_votes_cannot_catch_up() -> None:
-    known = [(1, p(0.9, 0.1, 0)), (1, p(0.8, 0.2, 0)), (1, p(0.7, 0.3, 0))]
-    assert label_is_decided(known, [1, 1], Aggregation.MAJORITY)
-    assert not label_is_decided(known, [1, 1, 1], Aggregation.MAJORITY)
-
-
-def test_max_is_never_decided_while_a_chunk_is_unknown() -> None:
-    assert not label_is_decided([(1, p(0.99, 0.01))], [1], Aggregation.MAX)
 
 
 META = DocMeta(id="doc", total_chunks=3, lang=None, metadata=None, timestamp_ms=None)

@@ -8,34 +8,23 @@ from pathlib import Path
 
 import pytest
 from bytewax.testing import run_main
-from test_cli import kascade_cli
-from test_flow import documents, produce
-from tiny_models import CORPUS
+from helpers import SMALL_CHUNKS, TINY_PATH, documents, kascade_cli, produce, texts
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.flow import build_flow
+from kascade.operators.cascade import Cascade
+from kascade.schemas import CascadeUse, OutputRecord
+from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, CascadeSpec
+from kascade.schemas.manifest import read_manifest
+from kascade.schemas.settings import KafkaSettings, Settings
+from kascade.toolchain.calibrate import CalibrationTooSmall, calibrate
 
-from dataflow.consume import read_all
-from dataflow.flow import build_flow
-from operators.cascade import Cascade
-from schemas import OutputRecord
-from schemas.cascade import CASCADE_FILE, CascadeSpec
-from schemas.manifest import read_manifest
-from schemas.settings import KafkaSettings, Settings
-from toolchain.calibrate import CalibrationTooSmall, calibrate
 
 # The tiny random model's heads are far less confident than a trained model's.
-TINY_PATH = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
-
-
-def texts(n: int) -> list[str]:
-    return [
-        f"{CORPUS[i % 13]} and {CORPUS[(i * 7 + 3) % 13]} {CORPUS[(i * 5) % 13]}" for i in range(n)
-    ]
-
-
 @pytest.fixture(scope="module")
 def calibrated(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     d = tmp_path_factory.mktemp("calibrated") / "model"
     shutil.copytree(exported["modernbert"], d)
-    calibrate(d, texts(300), epsilon=0.1, delta=0.1, max_tokens=64, overlap=8, path=TINY_PATH)
+    calibrate(d, texts(300), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
     return d
 
 
@@ -49,12 +38,12 @@ def test_calibration_writes_heads_and_a_certified_point_bound_to_the_model(
     assert (point.epsilon, point.delta) == (0.1, 0.1)
     assert point.calibration_disagreements <= point.epsilon * point.calibration_accepted
     assert 0 < point.expected_share_s0 + point.expected_share_s1 <= 1
-    assert spec.report["chunks"] == 300
+    assert spec.report.chunks == 300
     assert Cascade.load(calibrated, digest).point == point
 
 
 def test_a_cascade_calibrated_for_another_model_is_refused(calibrated: Path) -> None:
-    with pytest.raises(ValueError, match="calibrated for another model"):
+    with pytest.raises(CascadeMismatch, match="calibrated for another model"):
         Cascade.load(calibrated, "0" * 64)
 
 
@@ -64,7 +53,7 @@ def test_too_little_calibration_text_is_refused_with_the_numbers(
     d = tmp_path / "m"
     shutil.copytree(exported["bert"], d)
     with pytest.raises(CalibrationTooSmall, match="needs at least 299 accepted chunks"):
-        calibrate(d, texts(100), epsilon=0.01, delta=0.05, max_tokens=64, overlap=8)
+        calibrate(d, texts(100), epsilon=0.01, delta=0.05, chunking=SMALL_CHUNKS)
     assert not (d / CASCADE_FILE).exists()
     f = tmp_path / "few.txt"
     f.write_text("\n".join(texts(50)))
@@ -104,5 +93,50 @@ def test_asking_for_the_cascade_without_a_calibration_is_a_one_line_error(
     r = kascade_cli("run", "--model-dir", str(exported["bert"]), "--cascade", "on")
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
-        f"kascade: cascade mode is on but {exported['bert']} has no cascade.json"
+        f"kascade: {exported['bert']} has no cascade.json; run kascade calibrate"
     ]
+
+
+def test_a_run_with_other_chunking_refuses_the_cascade_in_one_line(calibrated: Path) -> None:
+    r = kascade_cli(
+        "run", "--model-dir", str(calibrated), "--chunk-tokens", "96", "--overlap", "8"
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        "kascade: the cascade was certified on 64-token chunks with overlap 8; this run makes"
+        " 96-token chunks with overlap 8: run with those chunking settings, run kascade"
+        " calibrate again, or set cascade.if_uncertified=full_model to classify every chunk"
+        " with the full model"
+    ]
+
+
+def test_calibration_records_the_chunking_and_tokenizer_it_was_certified_on(
+    calibrated: Path,
+) -> None:
+    spec = CascadeSpec.model_validate_json((calibrated / CASCADE_FILE).read_text())
+    manifest, _ = read_manifest(calibrated)
+    assert (spec.chunking.max_tokens, spec.chunking.overlap) == (64, 8)
+    assert spec.chunking.tokenizer_sha256 == manifest.files["tokenizer.json"]
+
+
+@pytest.mark.kafka
+def test_asked_to_go_on_without_an_uncertified_cascade_every_record_says_so(
+    kafka_settings: KafkaSettings, calibrated: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    docs = documents(6)
+    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    settings = Settings(
+        kafka=kafka_settings,
+        model_dir=calibrated,
+        chunking={"max_tokens": 96, "overlap": 8},
+        cascade={"if_uncertified": "full_model"},
+    )
+    run_main(build_flow(settings))
+    out = [
+        OutputRecord.model_validate_json(v)
+        for _, v in read_all(kafka_settings, kafka_settings.output_topic)
+    ]
+    assert sorted(r.id for r in out) == sorted(d.id for d in docs)
+    assert {r.cascade for r in out} == {CascadeUse.UNCERTIFIED}
+    assert all(r.chunks.full_model == r.chunks.total for r in out)
+    assert "every chunk goes to the full model" in caplog.text

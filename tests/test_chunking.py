@@ -7,14 +7,13 @@ import itertools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from operators.chunking import (
+from kascade.operators.chunking import (
     ChunkLimitExceeded,
     SpecialTokens,
     chunk_text,
     windows,
 )
-from operators.encoder import load_tokenizer
+from kascade.operators.encoder import load_tokenizer
 
 
 @given(n=st.integers(0, 3000), size=st.integers(1, 600), data=st.data())

@@ -7,18 +7,8 @@ import sys
 import time
 
 import pytest
-
-from dataflow.local_broker import free_port
-
-
-def kascade_cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """``kascade ARGS`` in a fresh process, output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "dataflow.cli", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+from helpers import kascade_cli
+from kascade.dataflow.local_broker import free_port
 
 
 def test_an_unknown_subcommand_prints_one_line_and_exits_2() -> None:
@@ -36,7 +26,7 @@ def test_a_bad_flag_value_prints_one_line_and_exits_2() -> None:
 
 def test_an_invalid_setting_from_the_environment_is_one_line_and_exit_1() -> None:
     r = subprocess.run(
-        [sys.executable, "-m", "dataflow.cli", "run", "--bounded"],
+        [sys.executable, "-m", "kascade", "run", "--bounded"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -44,7 +34,7 @@ def test_an_invalid_setting_from_the_environment_is_one_line_and_exit_1() -> Non
     )
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
-        "kascade: invalid settings: kafka: Value error, SASL_SSL needs sasl_mechanism,"
+        "kascade: invalid settings: kafka: SASL_SSL needs sasl_mechanism,"
         " sasl_username, sasl_password"
     ]
 
@@ -55,7 +45,7 @@ def test_running_against_an_unreachable_broker_fails_fast_with_one_line(exported
         [
             sys.executable,
             "-m",
-            "dataflow.cli",
+            "kascade",
             "run",
             "--bounded",
             "--model-dir",

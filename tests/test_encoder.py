@@ -6,12 +6,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.operators.full_model import _classify_all
+from kascade.operators.items import ChunkTask, DocMeta
+from kascade.schemas.manifest import ManifestMismatch
 from tiny_models import CORPUS
-
-from operators.encoder import Encoder, load_model_dir
-from operators.full_model import _classify_all
-from operators.items import ChunkTask, DocMeta
-from schemas.manifest import ManifestMismatch
 
 META = DocMeta(id="d", total_chunks=0, lang=None, metadata=None, timestamp_ms=None)
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from kascade.schemas.manifest import read_manifest
+from kascade.toolchain import ToolchainError
+from kascade.toolchain.data import Examples, read_examples
+from kascade.toolchain.evaluate import evaluate, macro_f1
+from kascade.toolchain.measure import run, tokenize
+from kascade.toolchain.quantize import PRESETS, quantize_dir
 from tiny_models import CORPUS, LABELS
-
-from schemas.manifest import read_manifest
-from toolchain import ToolchainError
-from toolchain.data import Examples, read_examples
-from toolchain.evaluate import evaluate, macro_f1
-from toolchain.measure import run, tokenize
-from toolchain.quantize import PRESETS, quantize_dir
 
 
 def test_macro_f1_matches_a_hand_count() -> None:
@@ -64,10 +63,9 @@ def test_an_unknown_label_column_is_named_with_the_columns_that_exist(tmp_path: 
 def test_training_writes_a_checkpoint_that_exports(
     checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
+    from kascade.toolchain.export import export_checkpoint
+    from kascade.toolchain.train import TrainConfig, train
     from tiny_models import tiny_bert
-
-    from toolchain.export import export_checkpoint
-    from toolchain.train import TrainConfig, train
 
     base = tiny_bert(tmp_path / "base", head=False)
     texts = CORPUS * 3

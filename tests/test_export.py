@@ -7,13 +7,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_cli import kascade_cli
-
-from operators.encoder import Encoder, load_model_dir
-from schemas.manifest import ManifestMismatch, read_manifest
-from toolchain import ToolchainError
-from toolchain.checkpoint import load_classifier
-from toolchain.export import PARITY_TOLERANCE, export_checkpoint, parity
+from helpers import kascade_cli
+from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.schemas.manifest import ManifestMismatch, read_manifest
+from kascade.toolchain import ToolchainError
+from kascade.toolchain.checkpoint import load_classifier
+from kascade.toolchain.export import PARITY_TOLERANCE, export_checkpoint, parity
 
 ARCHS = ["modernbert", "bert"]
 

@@ -14,16 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 from bytewax.testing import cluster_main, run_main
-from confluent_kafka import Producer
+from helpers import documents, produce
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.flow import build_flow
+from kascade.operators.chunking import chunk_text
+from kascade.operators.encoder import Encoder, load_model_dir, softmax
+from kascade.operators.reduce import ChunkVerdict, aggregate
+from kascade.schemas import Aggregation, DeadLetter, InputDocument, OutputRecord
+from kascade.schemas.settings import KafkaSettings, Settings
 from tiny_models import CORPUS
-
-from dataflow.consume import read_all
-from dataflow.flow import build_flow
-from operators.chunking import chunk_text
-from operators.encoder import Encoder, load_model_dir, softmax
-from operators.reduce import ChunkVerdict, aggregate
-from schemas import Aggregation, DeadLetter, InputDocument, OutputRecord
-from schemas.settings import KafkaSettings, Settings
 
 pytestmark = pytest.mark.kafka
 
@@ -42,22 +41,6 @@ def _run_two_workers(flow) -> None:
 @pytest.fixture(params=[_run_single, _run_two_workers], ids=["one_worker", "two_workers"])
 def entry_point(request):
     return request.param
-
-
-def produce(settings: KafkaSettings, records: list[tuple[bytes | None, bytes]]) -> None:
-    producer = Producer({"bootstrap.servers": settings.brokers})
-    for key, value in records:
-        producer.produce(settings.input_topic, key=key, value=value)
-    assert producer.flush(30) == 0
-
-
-def documents(n: int) -> list[InputDocument]:
-    """Short and long documents: document i repeats corpus sentences i % 9 times."""
-    docs = []
-    for i in range(n):
-        text = " ".join(CORPUS[(i + j) % len(CORPUS)] for j in range(1 + (i % 9) * 4))
-        docs.append(InputDocument(id=f"doc-{i}", text=text, lang="en", metadata={"n": i}))
-    return docs
 
 
 def expected_record(model_dir: Path, doc: InputDocument) -> tuple[str | None, int]:
@@ -124,8 +107,7 @@ def test_output_records_are_keyed_by_document_id_and_match_the_schema(
     kafka_settings: KafkaSettings, exported: dict[str, Path]
 ) -> None:
     import jsonschema
-
-    from schemas.export import load
+    from kascade.schemas.export import load
 
     produce(kafka_settings, [(None, d.model_dump_json().encode()) for d in documents(5)])
     run_main(build_flow(Settings(kafka=kafka_settings, model_dir=exported["modernbert"])))

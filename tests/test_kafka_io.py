@@ -5,11 +5,15 @@ from __future__ import annotations
 import time
 
 import pytest
-
-from dataflow.consume import read_all
-from dataflow.kafka_io import DeliveryCheckedSink, DeliveryFailed, KafkaUnavailable, check_cluster
-from dataflow.local_broker import free_port
-from schemas.settings import KafkaSettings
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.kafka_io import (
+    DeliveryCheckedSink,
+    DeliveryFailed,
+    KafkaUnavailable,
+    check_cluster,
+)
+from kascade.dataflow.local_broker import free_port
+from kascade.schemas.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 

@@ -6,14 +6,19 @@ from pathlib import Path
 
 import onnx
 import pytest
+from kascade.schemas.manifest import FULL_GRAPH, read_manifest
+from kascade.toolchain import ToolchainError
+from kascade.toolchain.data import Examples
+from kascade.toolchain.measure import run, tokenize
+from kascade.toolchain.quantize import (
+    PRESETS,
+    Recipe,
+    check_quantized,
+    quantize_dir,
+    weight_matmuls,
+)
+from kascade.toolchain.search import Budget, search
 from tiny_models import CORPUS, LABELS
-
-from schemas.manifest import FULL_GRAPH, read_manifest
-from toolchain import ToolchainError
-from toolchain.data import Examples
-from toolchain.measure import run, tokenize
-from toolchain.quantize import PRESETS, Recipe, check_quantized, quantize_dir, weight_matmuls
-from toolchain.search import Budget, search
 
 EXPECTED_OPS = {
     "fp32": {"gather_int4": False, "matmul_int8": False, "matmul_nbits": False},

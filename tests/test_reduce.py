@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
-from operators.items import ChunkResult, DocMeta
-from operators.reduce import AssembleLogic, ChunkVerdict, Labeling, aggregate, label_document
-from schemas import Aggregation, ModelIdentity
+from kascade.operators.items import ChunkResult, DocMeta
+from kascade.operators.reduce import (
+    AssembleLogic,
+    ChunkVerdict,
+    Labeling,
+    aggregate,
+    label_document,
+)
+from kascade.schemas import Aggregation, ModelIdentity
 
 LABELS = ["a", "b", "c"]
 LABELING = Labeling(

@@ -11,13 +11,11 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_cli import kascade_cli
-from test_flow import documents, produce
-
-from dataflow.consume import read_all
-from dataflow.local_broker import free_port
-from schemas import InputDocument, OutputRecord
-from schemas.settings import KafkaSettings
+from helpers import documents, kascade_cli, produce
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.local_broker import free_port
+from kascade.schemas import InputDocument, OutputRecord
+from kascade.schemas.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 
@@ -26,7 +24,7 @@ def kascade_run(settings: KafkaSettings, model_dir: Path, *extra: str) -> subpro
     args = [
         sys.executable,
         "-m",
-        "dataflow.cli",
+        "kascade",
         "run",
         "--brokers",
         settings.brokers,
@@ -173,4 +171,6 @@ def test_an_address_list_without_a_process_id_is_a_one_line_error(
         "run", "--model-dir", str(exported["bert"]), "--addresses", "127.0.0.1:1;127.0.0.1:2"
     )
     assert r.returncode == 1
-    assert r.stderr.strip().splitlines() == ["kascade: --addresses and --process-id go together"]
+    assert r.stderr.strip().splitlines() == [
+        "kascade: invalid settings: addresses and process_id go together"
+    ]

@@ -8,10 +8,9 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kascade.schemas import ChunkCounts, DeadLetter, InputDocument, ModelIdentity, OutputRecord
+from kascade.schemas.export import CONTRACTS, load, main, render
 from pydantic import ValidationError
-
-from schemas import ChunkCounts, DeadLetter, InputDocument, ModelIdentity, OutputRecord
-from schemas.export import CONTRACTS, load, main, render
 
 
 @pytest.mark.parametrize("name", sorted(CONTRACTS))

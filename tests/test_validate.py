@@ -7,9 +7,8 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-
-from operators.validate import decode
-from schemas import DeadLetter, DeadLetterReason, InputDocument, SourcePosition
+from kascade.operators.validate import decode
+from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, SourcePosition
 
 POS = SourcePosition(topic="in", partition=1, offset=42)
 

@@ -20,7 +20,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def exported(
     checkpoints: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
 ) -> dict[str, Path]:
-    from toolchain.export import export_checkpoint
+    from kascade.toolchain.export import export_checkpoint
 
     root = tmp_path_factory.mktemp("exported")
     out = {}

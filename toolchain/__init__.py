@@ -4,6 +4,8 @@ The only part of kascade that imports torch and transformers; install it with th
 ``[export]`` extra. The runtime (``operators``, ``dataflow``) only reads what it writes.
 """
 
+from kascade.errors import KascadeError
 
-class ToolchainError(Exception):
+
+class ToolchainError(KascadeError):
     """A problem with the user's input (checkpoint, data, paths): printed as one line."""

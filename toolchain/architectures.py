@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from toolchain import ToolchainError
+from kascade.toolchain import ToolchainError
 
 _MMBERT_COMMON: dict[str, Any] = {
     "vocab_size": 256_000,

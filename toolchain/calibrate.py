@@ -18,14 +18,24 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from kascade.operators.cascade import pooled
+from kascade.operators.chunking import chunk_text
+from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.schemas.cascade import (
+    CASCADE_FILE,
+    DEFAULT_DELTA,
+    DEFAULT_EPSILON,
+    CalibrationReport,
+    CascadeSpec,
+    CertifiedChunking,
+    HeadWeights,
+    OperatingPoint,
+)
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.manifest import TOKENIZER
+from kascade.schemas.settings import ChunkSettings
+from kascade.toolchain import ToolchainError
 from scipy.stats import beta, binom
-
-from operators.cascade import pooled
-from operators.chunking import chunk_text
-from operators.encoder import Encoder, load_model_dir
-from schemas.cascade import CASCADE_FILE, CascadeSpec, HeadWeights, OperatingPoint
-from schemas.files import write_text_atomically
-from toolchain import ToolchainError
 
 RISK_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 DISABLED = 1.01  # a threshold no probability reaches
@@ -183,17 +193,22 @@ def calibrate(
     model_dir: Path,
     texts: list[str],
     *,
-    epsilon: float = 0.01,
-    delta: float = 0.05,
-    max_tokens: int = 256,
-    overlap: int = 32,
+    epsilon: float = DEFAULT_EPSILON,
+    delta: float = DEFAULT_DELTA,
+    chunking: ChunkSettings | None = None,
     fit_fraction: float | None = None,
     seed: int = 0,
     head_texts: list[str] | None = None,
     name: str = "default",
     path: tuple[float, ...] = PATH,
 ) -> CascadeSpec:
-    """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``."""
+    """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``.
+
+    ``chunking`` (default: the runtime's) is recorded with the result: the guarantee
+    holds for chunks made that way, so a run with other chunking refuses the cascade.
+    """
+    chunking = chunking or ChunkSettings()
+    max_tokens, overlap = chunking.max_tokens, chunking.overlap
     loaded = load_model_dir(model_dir)
     m = loaded.manifest
     enc = Encoder(loaded, graphs="stages")
@@ -264,21 +279,25 @@ def calibrate(
         calibration_accepted=accepted,
         calibration_disagreements=disagreements,
     )
-    report = {
-        "chunks": n,
-        "fit": len(yf),
-        "certify": len(cert),
-        "head_agreement_s0": agree0,
-        "head_agreement_s1": agree1,
-        "accepted_s0": n0,
-        "disagreements_s0": k0,
-        "accepted_s1": n1,
-        "disagreements_s1": k1,
-        "certified_upper_bound_at_delta": upper_bound(disagreements, accepted, delta),
-        "max_tokens": max_tokens,
-    }
+    report = CalibrationReport(
+        chunks=n,
+        fit=len(yf),
+        certify=len(cert),
+        head_agreement_s0=agree0,
+        head_agreement_s1=agree1,
+        accepted_s0=n0,
+        disagreements_s0=k0,
+        accepted_s1=n1,
+        disagreements_s1=k1,
+        certified_upper_bound_at_delta=upper_bound(disagreements, accepted, delta),
+    )
     spec = CascadeSpec(
         model_manifest_sha256=loaded.manifest_sha256,
+        chunking=CertifiedChunking(
+            max_tokens=max_tokens,
+            overlap=overlap,
+            tokenizer_sha256=loaded.manifest.files[TOKENIZER],
+        ),
         cascade_layer=m.cascade_layer,
         labels=m.labels,
         s0=s0,

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from toolchain import ToolchainError
+from kascade.toolchain import ToolchainError
 
 SUPPORTED = ("bert", "modernbert", "roberta", "xlm-roberta")
 

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolchain import ToolchainError
+from kascade.toolchain import ToolchainError
 
 
 @dataclass(frozen=True)

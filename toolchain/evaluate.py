@@ -11,11 +11,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-
-from schemas.manifest import read_manifest
-from toolchain import ToolchainError
-from toolchain.data import Examples
-from toolchain.measure import Run, peak_rss_mb, run, size_mb, tokenize
+from kascade.schemas.manifest import read_manifest
+from kascade.toolchain import ToolchainError
+from kascade.toolchain.data import Examples
+from kascade.toolchain.measure import Run, peak_rss_mb, run, size_mb, tokenize
 
 
 @dataclass(frozen=True)

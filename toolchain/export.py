@@ -15,12 +15,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from operators.encoder import Encoder, load_model_dir
-from schemas.manifest import FULL_GRAPH, ModelManifest, Parity
-from toolchain import ToolchainError
-from toolchain.checkpoint import labels_of, load_classifier, tokenizer_json
-from toolchain.graphs import INPUTS, OUTPUTS, cut_stages, finish, staged_directory, write_labels
+from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.schemas.manifest import FULL_GRAPH, ModelManifest, Parity
+from kascade.toolchain import ToolchainError
+from kascade.toolchain.checkpoint import labels_of, load_classifier, tokenizer_json
+from kascade.toolchain.graphs import (
+    INPUTS,
+    OUTPUTS,
+    cut_stages,
+    finish,
+    staged_directory,
+    write_labels,
+)
 
 log = logging.getLogger(__name__)
 
@@ -204,7 +210,7 @@ def export_random(
     max_length: int | None,
 ) -> ModelManifest:
     """Export an mmBERT architecture with seeded random weights (speed and memory only)."""
-    from toolchain.architectures import random_classifier
+    from kascade.toolchain.architectures import random_classifier
 
     model = random_classifier(name, labels, seed=seed)
     return export_model(

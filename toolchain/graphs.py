@@ -12,10 +12,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
-from onnx.utils import Extractor
-
-from schemas.files import current_umask
-from schemas.manifest import (
+from kascade.schemas.files import current_umask
+from kascade.schemas.manifest import (
     EMBED_GRAPH,
     FULL_GRAPH,
     LABELS,
@@ -25,7 +23,8 @@ from schemas.manifest import (
     sha256_file,
     write_manifest,
 )
-from toolchain import ToolchainError
+from kascade.toolchain import ToolchainError
+from onnx.utils import Extractor
 
 # Names of the full graph's inputs and outputs; the stage graphs are cut at them.
 INPUTS = ("input_ids", "attention_mask")

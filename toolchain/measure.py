@@ -12,9 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from operators.encoder import Encoder, load_model_dir, session
-from schemas.manifest import FULL_GRAPH
+from kascade.operators.encoder import Encoder, load_model_dir, session
+from kascade.schemas.manifest import FULL_GRAPH
 
 
 @dataclass(frozen=True)

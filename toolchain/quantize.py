@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import onnx
-
-from schemas.manifest import (
+from kascade.schemas.manifest import (
     FULL_GRAPH,
     LABELS,
     STAGE_GRAPHS,
@@ -27,8 +26,8 @@ from schemas.manifest import (
     ModelManifest,
     read_manifest,
 )
-from toolchain import ToolchainError
-from toolchain.graphs import cut_stages, finish, staged_directory
+from kascade.toolchain import ToolchainError
+from kascade.toolchain.graphs import cut_stages, finish, staged_directory
 
 log = logging.getLogger(__name__)
 
@@ -224,8 +223,7 @@ def quantize_dir(
 def _smoke_test(directory: Path) -> None:
     """Every graph loads and the full graph and stage chain classify a sequence alike."""
     import numpy as np
-
-    from operators.encoder import Encoder, load_model_dir
+    from kascade.operators.encoder import Encoder, load_model_dir
 
     loaded = load_model_dir(directory)
     ids = loaded.tokenizer.encode("a short sentence to check the quantized model").ids

@@ -17,15 +17,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from kascade.schemas.manifest import FULL_GRAPH, ModelManifest, read_manifest
+from kascade.toolchain import ToolchainError
+from kascade.toolchain.data import Examples
+from kascade.toolchain.evaluate import macro_f1, score
+from kascade.toolchain.graphs import refuse_existing
+from kascade.toolchain.measure import Run, run, run_graph, size_mb, tokenize
+from kascade.toolchain.quantize import PRESETS, Recipe, quantize_dir, quantize_graph, weight_matmuls
 from tqdm import tqdm
-
-from schemas.manifest import FULL_GRAPH, ModelManifest, read_manifest
-from toolchain import ToolchainError
-from toolchain.data import Examples
-from toolchain.evaluate import macro_f1, score
-from toolchain.graphs import refuse_existing
-from toolchain.measure import Run, run, run_graph, size_mb, tokenize
-from toolchain.quantize import PRESETS, Recipe, quantize_dir, quantize_graph, weight_matmuls
 
 log = logging.getLogger(__name__)
 

@@ -8,30 +8,17 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-
-from toolchain import ToolchainError
-from toolchain.checkpoint import load_classifier
-from toolchain.data import Examples
-from toolchain.evaluate import macro_f1
-from toolchain.graphs import staged_directory
+from kascade.toolchain import ToolchainError
+from kascade.toolchain.checkpoint import load_classifier
+from kascade.toolchain.data import Examples
+from kascade.toolchain.evaluate import macro_f1
+from kascade.toolchain.graphs import staged_directory
+from kascade.toolchain.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    epochs: int = 4
-    batch_size: int = 16
-    learning_rate: float = 5e-5
-    weight_decay: float = 0.01
-    warmup_ratio: float = 0.1
-    max_length: int = 128
-    seed: int = 0
-    threads: int | None = None
 
 
 def _seed_everything(seed: int) -> None:
@@ -65,13 +52,14 @@ def train(
     out: Path,
     train_data: Examples,
     dev_data: Examples | None,
-    config: TrainConfig = TrainConfig(),
+    config: TrainConfig | None = None,
 ) -> dict:
     """Fine-tune ``base`` (local directory or hub id) and write the checkpoint to ``out``."""
     import torch
     from tqdm import tqdm
     from transformers import AutoTokenizer, get_linear_schedule_with_warmup
 
+    config = config or TrainConfig()
     if train_data.labels is None:
         raise ToolchainError("training data needs a label column")
     if config.threads:

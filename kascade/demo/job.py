@@ -9,22 +9,34 @@ what reached the output and dead-letter topics.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from confluent_kafka import Producer
 from rich.console import Console
 from rich.table import Table
 
-from dataflow.consume import read_all
-from dataflow.flow import build_flow
-from dataflow.kafka_io import client_config, fresh_topics
-from dataflow.local_broker import ensure_local_broker
-from dataflow.runner import run
-from schemas import DeadLetter, OutputRecord
-from schemas.settings import KafkaSettings, Settings
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.flow import build_flow
+from kascade.dataflow.kafka_io import client_config, fresh_topics
+from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.dataflow.runner import run
+from kascade.schemas import DeadLetter, OutputRecord
+from kascade.schemas.settings import KafkaSettings, Settings
 
-SAMPLES = Path(__file__).with_name("demo") / "documents.jsonl"
-MODEL_CACHE = Path(__file__).resolve().parents[1] / ".cache" / "models"
+HERE = Path(__file__).parent
+SAMPLES = HERE / "documents.jsonl"
+TRAIN = HERE / "train.tsv"
+
+
+def model_cache() -> Path:
+    """Where built demo models are kept: ``$KASCADE_CACHE_DIR``, else the user's cache."""
+    explicit = os.environ.get("KASCADE_CACHE_DIR")
+    if explicit:
+        return Path(explicit) / "models"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "kascade" / "models"
+
 
 # Records a real producer gets wrong, to show where they end up.
 MALFORMED: list[bytes] = [
@@ -46,9 +58,9 @@ def _send(kafka: KafkaSettings, topic: str, values: list[tuple[bytes | None, byt
 def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path | None) -> int:
     console = Console()
     if model_dir is None:
-        from toolchain.demo_model import ensure_demo_model
+        from kascade.toolchain.demo_model import ensure_demo_model
 
-        model_dir = ensure_demo_model(MODEL_CACHE)
+        model_dir = ensure_demo_model(model_cache(), TRAIN)
     broker = None
     if brokers is None:
         broker = ensure_local_broker(port)

@@ -1,7 +1,9 @@
-"""``kascade train|export|quantize|evaluate``: argument parsing only.
+"""``kascade train|export|quantize|calibrate|evaluate``: the offline toolchain's commands.
 
 Nothing here imports torch; each command imports its module when it runs, so the
-runtime CLI works without the ``[export]`` extra.
+runtime install (no ``[export]`` extra) lists them and says in one line what to install.
+Defaults live with the code they configure (:class:`TrainConfig`, ``ChunkSettings``,
+the functions' signatures); a flag left out is not passed on.
 """
 
 from __future__ import annotations
@@ -10,9 +12,18 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
-from schemas.files import write_text_atomically
-from toolchain import ToolchainError
+from kascade.schemas.cascade import DEFAULT_DELTA, DEFAULT_EPSILON
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.settings import ChunkSettings
+from kascade.toolchain import ToolchainError
+from kascade.toolchain.train_config import TrainConfig, add_train_flags
+
+
+def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The named flags the user gave (``None`` means: the function's own default)."""
+    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
 
 
 def _data_flags(p: argparse.ArgumentParser, *, labels_required: bool) -> None:
@@ -41,8 +52,8 @@ def _print_table(title: str, rows: list[dict], columns: list[str]) -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from toolchain.data import read_examples
-    from toolchain.train import TrainConfig, train
+    from kascade.toolchain.data import read_examples
+    from kascade.toolchain.train import train
 
     train_data = read_examples(
         args.data, text_column=args.text_column, label_column=args.label_column
@@ -52,21 +63,14 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if args.dev
         else None
     )
-    config = TrainConfig(
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        learning_rate=args.learning_rate,
-        max_length=args.max_length,
-        seed=args.seed,
-        threads=args.threads,
-    )
+    config = TrainConfig(_cli_settings_source=args.train_flags(parsed_args=args))
     result = train(args.model, args.out, train_data, dev, config)
     print(f"wrote {args.out} ({len(result['labels'])} labels)")
     return 0
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
-    from toolchain.export import export_checkpoint, export_random
+    from kascade.toolchain.export import export_checkpoint, export_random
 
     if (args.model is None) == (args.random_init is None):
         raise ToolchainError("give exactly one of --model and --random-init")
@@ -95,7 +99,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_quantize(args: argparse.Namespace) -> int:
-    from toolchain.quantize import PRESETS, quantize_dir
+    from kascade.toolchain.quantize import PRESETS, quantize_dir
 
     budgeted = args.min_agreement is not None or args.max_f1_drop is not None
     if budgeted == (args.preset is not None):
@@ -108,8 +112,8 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
         m = quantize_dir(args.model, args.out, PRESETS[args.preset])
         print(f"wrote {args.out}: {m.variant} {m.quantization['op_counts']}")
         return 0
-    from toolchain.data import read_examples
-    from toolchain.search import DEFAULT_CANDIDATES, Budget, search
+    from kascade.toolchain.data import read_examples
+    from kascade.toolchain.search import DEFAULT_CANDIDATES, Budget, search
 
     if args.calibration is None:
         raise ToolchainError(
@@ -132,8 +136,8 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
 
 def _cmd_evaluate(args: argparse.Namespace) -> int:
-    from toolchain.data import read_examples
-    from toolchain.evaluate import evaluate
+    from kascade.toolchain.data import read_examples
+    from kascade.toolchain.evaluate import evaluate
 
     data = read_examples(args.data, text_column=args.text_column, label_column=args.label_column)
     reference = args.reference or args.models[0]
@@ -164,8 +168,8 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
-    from toolchain.calibrate import calibrate
-    from toolchain.data import read_examples
+    from kascade.toolchain.calibrate import calibrate
+    from kascade.toolchain.data import read_examples
 
     texts = read_examples(args.texts, text_column=args.text_column, label_column=None).texts
     head_texts = (
@@ -176,21 +180,19 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     spec = calibrate(
         args.model,
         texts,
-        epsilon=args.epsilon,
-        delta=args.delta,
-        max_tokens=args.chunk_tokens,
-        seed=args.seed,
+        chunking=ChunkSettings(**_given(args, "max_tokens", "overlap")),
         head_texts=head_texts,
+        **_given(args, "epsilon", "delta", "seed"),
     )
     point = spec.operating_points[spec.default_operating_point]
     r = spec.report
     print(
-        f"wrote {args.model}/cascade.json: {r['chunks']} chunks (fit {r['fit']},"
-        f" choose {r['choose']}, certify {r['certify']})"
+        f"wrote {args.model}/cascade.json: {r.chunks} chunks of {spec.chunking.describe()}"
+        f" (heads fitted on {r.fit}, thresholds certified on {r.certify})"
     )
     print(
-        f"heads agree with the full model on {r['head_agreement_s0']:.1%} (S0) and"
-        f" {r['head_agreement_s1']:.1%} (S1) of certification chunks"
+        f"heads agree with the full model on {r.head_agreement_s0:.1%} (S0) and"
+        f" {r.head_agreement_s1:.1%} (S1) of certification chunks"
     )
     print(
         f"thresholds S0 {point.threshold_s0:.4f}, S1 {point.threshold_s1:.4f}: expected share"
@@ -201,7 +203,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         f"certified: accepted chunks disagree with the full model on <= {point.epsilon:g} with"
         f" probability >= {1 - point.delta:g} ({point.calibration_disagreements} of"
         f" {point.calibration_accepted} disagreed; upper bound"
-        f" {r['certified_upper_bound_at_delta']:.4f})"
+        f" {r.certified_upper_bound_at_delta:.4f})"
     )
     return 0
 
@@ -214,13 +216,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dev", type=Path, help="dev data for macro-F1 after each epoch")
     p.add_argument("--out", required=True, type=Path)
     _data_flags(p, labels_required=True)
-    p.add_argument("--epochs", type=int, default=4)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--learning-rate", type=float, default=5e-5)
-    p.add_argument("--max-length", type=int, default=128)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=None)
-    p.set_defaults(func=_cmd_train)
+    p.set_defaults(func=_cmd_train, train_flags=add_train_flags(p))
 
     p = sub.add_parser("export", help="HF checkpoint -> ONNX model directory with parity check")
     p.add_argument("--model", help="fine-tuned checkpoint: local directory or hub id")
@@ -272,11 +268,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--head-texts", type=Path, help="extra text for fitting the heads only")
     p.add_argument("--text-column", default="text")
     p.add_argument(
-        "--epsilon", type=float, default=0.01, help="max disagreement of accepted chunks"
+        "--epsilon",
+        type=float,
+        help=f"max disagreement of accepted chunks ({DEFAULT_EPSILON})",
     )
-    p.add_argument("--delta", type=float, default=0.05, help="allowed failure probability")
-    p.add_argument("--chunk-tokens", type=int, default=256, help="as in kascade run")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--delta", type=float, help=f"allowed failure probability ({DEFAULT_DELTA})")
+    chunks = ChunkSettings()
+    p.add_argument(
+        "--chunk-tokens",
+        dest="max_tokens",
+        type=int,
+        help=f"tokens per chunk, as kascade run will make them ({chunks.max_tokens})",
+    )
+    p.add_argument("--overlap", type=int, help=f"as kascade run will use ({chunks.overlap})")
+    p.add_argument("--seed", type=int, help="of the head/certification split")
     p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("evaluate", help="F1, agreement, speed and memory of model variants")
@@ -287,13 +292,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-memory", action="store_true", help="skip the peak-RSS probe")
     _data_flags(p, labels_required=True)
     p.set_defaults(func=_cmd_evaluate)
-
-
-def needs_torch_message(e: ImportError) -> str:
-    return (
-        f"this command needs the model toolchain ({e.name} is missing):"
-        " pip install 'kascade[export]'"
-    )
 
 
 if __name__ == "__main__":  # pragma: no cover

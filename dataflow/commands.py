@@ -1,0 +1,115 @@
+"""``kascade run`` and ``kascade topics``: the streaming runtime's commands.
+
+Their flags are generated from :class:`~kascade.schemas.settings.Settings` (one flag per
+setting, ``--kafka.brokers``, ``--chunking.max-tokens``, ...); the few written here are
+about the command itself, not settings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from pathlib import Path
+from typing import Any
+
+from kascade.schemas.settings import Settings, add_settings_flags, load_settings
+from pydantic import ValidationError
+
+from kascade.errors import UsageError
+
+# Short forms of the most used settings, so everyday command lines stay short.
+SHORT_FLAGS = {
+    "--brokers": "--kafka.brokers",
+    "--input-topic": "--kafka.input-topic",
+    "--output-topic": "--kafka.output-topic",
+    "--dead-letter-topic": "--kafka.dead-letter-topic",
+    "--chunk-tokens": "--chunking.max-tokens",
+    "--overlap": "--chunking.overlap",
+    "--threads": "--encoder.threads",
+    "--cascade": "--cascade.mode",
+}
+
+
+def expand_short_flags(argv: list[str]) -> list[str]:
+    """``argv`` with the short forms spelled out (``--brokers=x`` too).
+
+    >>> expand_short_flags(["run", "--brokers", "k:9092", "--overlap=8"])
+    ['run', '--kafka.brokers', 'k:9092', '--chunking.overlap=8']
+    """
+    out = []
+    for arg in argv:
+        name, eq, value = arg.partition("=")
+        out.append(SHORT_FLAGS.get(name, name) + eq + value)
+    return out
+
+
+def _short_forms_epilog() -> str:
+    return "short forms: " + ", ".join(f"{k} = {v}" for k, v in SHORT_FLAGS.items())
+
+
+def settings_error(e: ValidationError) -> UsageError:
+    """The first problem of invalid settings, as one line."""
+    first = e.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"])
+    # A validator's own message needs no "Value error, " in front of it.
+    message = first["msg"].removeprefix("Value error, ")
+    return UsageError(f"invalid settings: {where + ': ' if where else ''}{message}")
+
+
+def settings_of(args: argparse.Namespace, **overrides: Any) -> Settings:
+    """The run's settings: generated flags > ``overrides`` > env > ``--config`` > defaults."""
+    try:
+        return load_settings(args.config, flags=args.settings_flags(parsed_args=args), **overrides)
+    except ValidationError as e:
+        raise settings_error(e) from None
+    except OSError as e:
+        raise UsageError(str(e)) from None
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from kascade.dataflow.flow import build_flow, prepare
+    from kascade.dataflow.runner import run
+
+    settings = settings_of(args, **({"kafka": {"tail": False}} if args.bounded else {}))
+    model = prepare(settings)  # a bad model or cascade fails before Kafka is touched
+    # The model verified above goes to the flow (and to worker processes) as it is, so its
+    # files are hashed once per run, not once more per process.
+    return run(settings, functools.partial(build_flow, model=model))
+
+
+def _cmd_topics(args: argparse.Namespace) -> int:
+    from kascade.dataflow.kafka_io import create_topics
+    from kascade.dataflow.runner import required_topics
+
+    settings = settings_of(args)
+    wanted = dict.fromkeys(required_topics(settings), args.partitions)
+    created = create_topics(settings.kafka, wanted)
+    for t in wanted:
+        print(f"{t}: {'created' if t in created else 'exists'}")
+    return 0
+
+
+def _with_settings(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", type=Path, help="TOML settings file (flags and env win)")
+    p.set_defaults(settings_flags=add_settings_flags(p))
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    """Add the runtime's subcommands to the ``kascade`` parser."""
+    p = sub.add_parser("run", help="run the streaming job", epilog=_short_forms_epilog())
+    p.add_argument(
+        "--bounded",
+        action="store_true",
+        help="stop at the end of the input instead of tailing (= --no-kafka.tail)",
+    )
+    _with_settings(p)
+    p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser(
+        "topics",
+        help="create the input, output and dead-letter topics",
+        epilog=_short_forms_epilog(),
+    )
+    p.add_argument("--partitions", type=int, default=2, help="partitions of each new topic")
+    _with_settings(p)
+    p.set_defaults(func=_cmd_topics)

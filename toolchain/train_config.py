@@ -1,0 +1,39 @@
+"""Fine-tuning hyperparameters: one model for ``kascade train``'s flags and the code.
+
+Kept apart from :mod:`kascade.toolchain.train` so the command line can build its flags
+without importing torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
+
+
+class TrainConfig(BaseSettings):
+    """How ``kascade train`` fine-tunes; ``KASCADE_TRAIN_*`` variables work too."""
+
+    model_config = SettingsConfigDict(env_prefix="KASCADE_TRAIN_", extra="forbid", frozen=True)
+
+    epochs: int = Field(default=4, ge=1, description="Passes over the training data.")
+    batch_size: int = Field(default=16, ge=1)
+    learning_rate: float = Field(default=5e-5, gt=0, description="Of the encoder (AdamW).")
+    weight_decay: float = Field(default=0.01, ge=0)
+    warmup_ratio: float = Field(default=0.1, ge=0, lt=1, description="Share of linear warmup.")
+    max_length: int = Field(default=128, ge=8, description="Tokens per training example.")
+    seed: int = 0
+    threads: int | None = Field(default=None, ge=1, description="torch threads (default: all).")
+
+
+def add_train_flags(parser: argparse.ArgumentParser) -> CliSettingsSource[TrainConfig]:
+    """One flag per :class:`TrainConfig` field on ``parser``."""
+    return CliSettingsSource(
+        TrainConfig,
+        root_parser=parser,
+        cli_kebab_case=True,
+        cli_avoid_json=True,
+        cli_hide_none_type=True,
+        cli_use_class_docs_for_groups=True,
+    )
