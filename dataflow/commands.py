@@ -30,12 +30,21 @@ SHORT_FLAGS = {
 }
 
 
+COMMANDS = ("run", "topics")
+
+
 def expand_short_flags(argv: list[str]) -> list[str]:
-    """``argv`` with the short forms spelled out (``--brokers=x`` too).
+    """``argv`` with the short forms spelled out (``--brokers=x`` too), for this
+    module's commands only (a toolchain command's ``--threads`` is its own).
 
     >>> expand_short_flags(["run", "--brokers", "k:9092", "--overlap=8"])
     ['run', '--kafka.brokers', 'k:9092', '--chunking.overlap=8']
+    >>> expand_short_flags(["train", "--threads", "2"])
+    ['train', '--threads', '2']
     """
+    command = next((a for a in argv if not a.startswith("-")), None)
+    if command not in COMMANDS:
+        return argv
     out = []
     for arg in argv:
         name, eq, value = arg.partition("=")

@@ -23,7 +23,7 @@ from kascade.toolchain import commands as toolchain
 
 # Modules only the [export] extra installs; importing one is how a toolchain command
 # finds out it is missing.
-TOOLCHAIN_MODULES = ("torch", "transformers", "sklearn", "scipy", "onnx", "onnxscript", "tqdm")
+TOOLCHAIN_MODULES = ("torch", "transformers", "sklearn", "scipy", "onnx", "onnxscript")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -1,9 +1,9 @@
 """The model directory's manifest: what the toolchain wrote and what the runtime checks.
 
-A model directory holds ONNX graphs, ``tokenizer.json``, ``labels.json`` and
-``manifest.json``. The manifest records the sha256 of every file, the source checkpoint,
-the labels and how the graphs were made; the runtime refuses a directory whose files do
-not match it.
+A model directory holds ONNX graphs, the one ``weights.bin`` they all read their
+tensors from, ``tokenizer.json``, ``labels.json`` and ``manifest.json``. The manifest
+records the sha256 of every file, the source checkpoint, the labels and how the graphs
+were made; the runtime refuses a directory whose files do not match it.
 
 >>> m = ModelManifest(source="x", architecture="bert", variant="fp32", labels=["a", "b"],
 ...     max_length=512, opset=18, num_layers=6, hidden_size=384, cascade_layer=2, files={})
@@ -35,6 +35,9 @@ EMBED_GRAPH = "embed.onnx"  # input_ids -> embeddings
 PREFIX_GRAPH = "prefix.onnx"  # embeddings, attention_mask -> hidden (after cascade_layer)
 SUFFIX_GRAPH = "suffix.onnx"  # hidden, attention_mask -> logits
 STAGE_GRAPHS = (EMBED_GRAPH, PREFIX_GRAPH, SUFFIX_GRAPH)
+# Every graph keeps its large tensors in this one file (ONNX external data), each
+# stored once: the full graph and the stage graphs point at the same bytes.
+WEIGHTS = "weights.bin"
 TOKENIZER = "tokenizer.json"
 LABELS = "labels.json"
 

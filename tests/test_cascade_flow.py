@@ -98,9 +98,7 @@ def test_asking_for_the_cascade_without_a_calibration_is_a_one_line_error(
 
 
 def test_a_run_with_other_chunking_refuses_the_cascade_in_one_line(calibrated: Path) -> None:
-    r = kascade_cli(
-        "run", "--model-dir", str(calibrated), "--chunk-tokens", "96", "--overlap", "8"
-    )
+    r = kascade_cli("run", "--model-dir", str(calibrated), "--chunk-tokens", "96", "--overlap", "8")
     assert r.returncode == 1
     assert r.stderr.strip().splitlines() == [
         "kascade: the cascade was certified on 64-token chunks with overlap 8; this run makes"

@@ -65,6 +65,7 @@ def test_the_manifest_hashes_every_file_and_tampering_is_detected(
         "embed.onnx",
         "prefix.onnx",
         "suffix.onnx",
+        "weights.bin",
         "tokenizer.json",
         "labels.json",
     }
@@ -74,6 +75,33 @@ def test_the_manifest_hashes_every_file_and_tampering_is_detected(
         f.write(b"\0")
     with pytest.raises(ManifestMismatch, match=r"suffix\.onnx does not match"):
         read_manifest(copy)
+
+
+@pytest.mark.parametrize("arch", ["bert", "modernbert"])
+def test_every_weight_is_stored_once_and_the_graphs_share_it(
+    exported: dict[str, Path], arch: str
+) -> None:
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    d = exported[arch]
+    where: dict[str, tuple[str, str]] = {}
+    for graph in ("model.onnx", "embed.onnx", "prefix.onnx", "suffix.onnx"):
+        model = onnx.load(str(d / graph), load_external_data=False)
+        for t in model.graph.initializer:
+            if not uses_external_data(t):
+                assert len(t.raw_data) < 1024, f"{graph}: {t.name} is stored inline"
+                continue
+            info = {e.key: e.value for e in t.external_data}
+            assert info["location"] == "weights.bin"
+            # The same tensor in two graphs points at the same bytes.
+            assert where.setdefault(t.name, (info["offset"], info["length"])) == (
+                info["offset"],
+                info["length"],
+            )
+    stored = sum(int(length) for _, length in where.values())
+    # Each tensor once (plus page alignment): not once per graph that reads it.
+    assert stored <= (d / "weights.bin").stat().st_size < stored + 4096 * (len(where) + 1)
 
 
 def test_export_refuses_an_existing_output_directory(

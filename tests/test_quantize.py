@@ -9,7 +9,7 @@ import pytest
 from kascade.schemas.manifest import FULL_GRAPH, read_manifest
 from kascade.toolchain import ToolchainError
 from kascade.toolchain.data import Examples
-from kascade.toolchain.measure import run, tokenize
+from kascade.toolchain.measure import run, size_mb, tokenize
 from kascade.toolchain.quantize import (
     PRESETS,
     Recipe,
@@ -61,7 +61,7 @@ def test_quantized_models_are_smaller(exported: dict[str, Path], tmp_path: Path)
     sizes = {}
     for preset in ("fp32", "int8-int4emb", "int4"):
         quantize_dir(exported["bert"], tmp_path / preset, PRESETS[preset])
-        sizes[preset] = (tmp_path / preset / FULL_GRAPH).stat().st_size
+        sizes[preset] = size_mb(tmp_path / preset)
     assert sizes["int4"] < sizes["int8-int4emb"] < 0.75 * sizes["fp32"]
 
 

@@ -274,13 +274,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--delta", type=float, help=f"allowed failure probability ({DEFAULT_DELTA})")
     chunks = ChunkSettings()
+    # The same flags as kascade run's, so a calibration and its runs read alike.
     p.add_argument(
+        "--chunking.max-tokens",
         "--chunk-tokens",
         dest="max_tokens",
         type=int,
         help=f"tokens per chunk, as kascade run will make them ({chunks.max_tokens})",
     )
-    p.add_argument("--overlap", type=int, help=f"as kascade run will use ({chunks.overlap})")
+    p.add_argument(
+        "--chunking.overlap",
+        "--overlap",
+        dest="overlap",
+        type=int,
+        help=f"as kascade run will use ({chunks.overlap})",
+    )
     p.add_argument("--seed", type=int, help="of the head/certification split")
     p.set_defaults(func=_cmd_calibrate)
 

@@ -24,6 +24,7 @@ from kascade.toolchain.graphs import (
     OUTPUTS,
     cut_stages,
     finish,
+    share_weights,
     staged_directory,
     write_labels,
 )
@@ -147,6 +148,7 @@ def export_model(
         write_labels(tmp, labels)
         export_onnx(model, tmp / FULL_GRAPH, cascade_layer=cascade_layer, max_length=max_length)
         cut_stages(tmp)
+        share_weights(tmp)
         manifest = ModelManifest(
             source=source,
             architecture=config.model_type,

@@ -1,8 +1,9 @@
-"""ONNX graph surgery shared by export and quantize: cutting the stage graphs, writing a
-model directory atomically."""
+"""ONNX graph surgery shared by export and quantize: cutting the stage graphs, storing
+their weights once, writing a model directory atomically."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -18,12 +19,15 @@ from kascade.schemas.manifest import (
     FULL_GRAPH,
     LABELS,
     PREFIX_GRAPH,
+    STAGE_GRAPHS,
     SUFFIX_GRAPH,
+    WEIGHTS,
     ModelManifest,
     sha256_file,
     write_manifest,
 )
 from kascade.toolchain import ToolchainError
+from onnx.external_data_helper import set_external_data
 from onnx.utils import Extractor
 
 # Names of the full graph's inputs and outputs; the stage graphs are cut at them.
@@ -54,6 +58,45 @@ def cut_stages(directory: Path) -> None:
         if needed:
             stage = extractor.extract_model(ins + sorted(needed), outs)
         onnx.save(stage, str(directory / name))
+
+
+# Tensors below this size stay inside their graph: shapes and scalars, not weights.
+_EXTERNAL_MIN_BYTES = 1024
+# Page-aligned tensors can be memory-mapped by ONNX Runtime.
+_ALIGN = 4096
+
+
+def share_weights(directory: Path) -> None:
+    """Move the large tensors of every graph in ``directory`` into one ``weights.bin``,
+    each stored once, and point the graphs at it.
+
+    The stage graphs are cut from the full graph, so a tensor they share has the same
+    name and bytes in each; a name with different bytes in two graphs is refused.
+    """
+    names = [FULL_GRAPH, *STAGE_GRAPHS]
+    models = {n: onnx.load(str(directory / n)) for n in names}
+    placed: dict[str, tuple[int, int, bytes]] = {}
+    with open(directory / WEIGHTS, "wb") as blob:
+        for name, model in models.items():
+            for tensor in model.graph.initializer:
+                raw = tensor.raw_data
+                if len(raw) < _EXTERNAL_MIN_BYTES:
+                    continue
+                digest = hashlib.sha256(raw).digest()
+                if tensor.name not in placed:
+                    blob.write(b"\0" * (-blob.tell() % _ALIGN))
+                    placed[tensor.name] = (blob.tell(), len(raw), digest)
+                    blob.write(raw)
+                offset, length, known = placed[tensor.name]
+                if known != digest:
+                    raise ToolchainError(
+                        f"{name}: tensor {tensor.name} differs from the full graph's"
+                    )
+                set_external_data(tensor, location=WEIGHTS, offset=offset, length=length)
+                tensor.ClearField("raw_data")
+                tensor.data_location = onnx.TensorProto.EXTERNAL
+    for name, model in models.items():
+        onnx.save(model, str(directory / name))
 
 
 def _undeclared(graph_model: onnx.ModelProto) -> set[str]:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kascade.operators.encoder import Encoder, load_model_dir, session
-from kascade.schemas.manifest import FULL_GRAPH
+from kascade.operators.encoder import Encoder, Graphs, load_model_dir, session
+from kascade.schemas.manifest import FULL_GRAPH, STAGE_GRAPHS, WEIGHTS
 
 
 @dataclass(frozen=True)
@@ -62,14 +62,28 @@ def run_graph(path: Path, seqs: list[np.ndarray], *, threads: int = 1, warmup: i
     return Run(np.stack(logits), np.asarray(seconds))
 
 
-def size_mb(directory: Path, graph: str = "model.onnx") -> float:
-    return (Path(directory) / graph).stat().st_size / 1e6
+def size_mb(directory: Path) -> float:
+    """What the model occupies on disk: its graphs and their one weights file."""
+    d = Path(directory)
+    files = [d / FULL_GRAPH, *(d / g for g in STAGE_GRAPHS), d / WEIGHTS]
+    return sum(f.stat().st_size for f in files if f.is_file()) / 1e6
 
 
-def peak_rss_mb(directory: Path, tokens: int = 256, threads: int = 1) -> float:
-    """Peak RSS of a fresh process that loads the full graph and classifies one chunk."""
+def peak_rss_mb(
+    directory: Path, tokens: int = 256, threads: int = 1, graphs: Graphs = "full"
+) -> float:
+    """Peak RSS of a fresh process that loads the graphs a worker loads (the full graph,
+    or the cascade's stages) and classifies one chunk."""
     out = subprocess.run(
-        [sys.executable, "-m", "toolchain.measure", str(directory), str(tokens), str(threads)],
+        [
+            sys.executable,
+            "-m",
+            "kascade.toolchain.measure",
+            str(directory),
+            str(tokens),
+            str(threads),
+            graphs,
+        ],
         capture_output=True,
         text=True,
     )
@@ -78,9 +92,9 @@ def peak_rss_mb(directory: Path, tokens: int = 256, threads: int = 1) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"])
 
 
-def _probe(directory: str, tokens: int, threads: int) -> None:
+def _probe(directory: str, tokens: int, threads: int, graphs: Graphs) -> None:
     loaded = load_model_dir(directory)
-    encoder = Encoder(loaded, threads=threads, graphs="full")
+    encoder = Encoder(loaded, threads=threads, graphs=graphs)
     vocab = loaded.tokenizer.get_vocab_size()
     n = min(tokens, loaded.manifest.max_length)
     ids = np.random.default_rng(0).integers(3, vocab, size=n).astype(np.int64)
@@ -102,4 +116,4 @@ def _peak_rss_mb() -> float:
 
 
 if __name__ == "__main__":
-    _probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    _probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])  # type: ignore[arg-type]

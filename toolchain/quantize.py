@@ -27,7 +27,7 @@ from kascade.schemas.manifest import (
     read_manifest,
 )
 from kascade.toolchain import ToolchainError
-from kascade.toolchain.graphs import cut_stages, finish, staged_directory
+from kascade.toolchain.graphs import cut_stages, finish, share_weights, staged_directory
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +115,10 @@ def quantize_graph(src: Path, dst: Path, recipe: Recipe) -> None:
     )
 
     with tempfile.TemporaryDirectory(prefix="kascade-q-") as work:
-        current = src
+        # One self-contained file: the quantizers write intermediate models to other
+        # folders, where ``src``'s external weights would no longer be found.
+        current = Path(work) / "fp32.onnx"
+        onnx.save(onnx.load(str(src)), str(current))
         if recipe.int4_embeddings:
             config = DefaultWeightOnlyQuantConfig(
                 block_size=recipe.block_size,
@@ -205,6 +208,7 @@ def quantize_dir(
         quantize_graph(src / FULL_GRAPH, tmp / FULL_GRAPH, recipe)
         counts = check_quantized(tmp / FULL_GRAPH, recipe, before)
         cut_stages(tmp)
+        share_weights(tmp)
         for name in (TOKENIZER, LABELS):
             shutil.copyfile(src / name, tmp / name)
         manifest = parent.model_copy(

@@ -11,8 +11,10 @@ from pathlib import Path
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from kascade.demo.job import demo
+    from kascade.demo.job import demo, save_model
 
+    if args.save_model is not None:
+        return save_model(args.save_model)
     return demo(
         brokers=args.brokers, port=args.port, keep_broker=args.keep_broker, model_dir=args.model_dir
     )
@@ -27,4 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=9092, help="local broker port")
     p.add_argument("--keep-broker", action="store_true", help="leave the local broker running")
     p.add_argument("--model-dir", type=Path, help="model directory (default: build the demo model)")
+    p.add_argument(
+        "--save-model",
+        type=Path,
+        metavar="DIR",
+        help="only build the demo model and put it at DIR (a container's model volume)",
+    )
     p.set_defaults(func=_cmd_demo)

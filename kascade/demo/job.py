@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -21,7 +22,10 @@ from kascade.dataflow.flow import build_flow
 from kascade.dataflow.kafka_io import client_config, fresh_topics
 from kascade.dataflow.local_broker import ensure_local_broker
 from kascade.dataflow.runner import run
+from kascade.errors import KascadeError
 from kascade.schemas import DeadLetter, OutputRecord
+from kascade.schemas.cascade import CASCADE_FILE, CascadeSpec
+from kascade.schemas.manifest import MANIFEST
 from kascade.schemas.settings import KafkaSettings, Settings
 
 HERE = Path(__file__).parent
@@ -52,22 +56,54 @@ def _send(kafka: KafkaSettings, topic: str, values: list[tuple[bytes | None, byt
     for key, value in values:
         producer.produce(topic, key=key, value=value)
     if producer.flush(30):
-        raise RuntimeError(f"could not deliver the demo records to {topic}")
+        raise KascadeError(f"could not deliver the demo records to {topic}")
+
+
+def demo_model() -> Path:
+    """The demo's model directory, built by the toolchain on first use and cached."""
+    from kascade.toolchain.demo_model import ensure_demo_model
+
+    return ensure_demo_model(model_cache(), TRAIN)
+
+
+def save_model(dest: Path) -> int:
+    """Put the demo model at ``dest`` (a container's model volume); kept if already there."""
+    if (dest / MANIFEST).is_file():
+        print(f"{dest} already holds a model; kept")
+        return 0
+    src = demo_model()
+    tmp = dest.with_name(f".{dest.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(src, tmp)
+    if dest.exists():  # an empty mount point: fill it rather than replace it
+        for f in tmp.iterdir():
+            os.replace(f, dest / f.name)
+        tmp.rmdir()
+    else:
+        os.rename(tmp, dest)
+    print(f"wrote the demo model to {dest}")
+    return 0
+
+
+def _chunking_of(model_dir: Path) -> dict:
+    """The chunking a model's cascade was certified on, so the demo shows it at work."""
+    path = model_dir / CASCADE_FILE
+    if not path.is_file():
+        return {}
+    c = CascadeSpec.model_validate_json(path.read_text()).chunking
+    return {"max_tokens": c.max_tokens, "overlap": c.overlap}
 
 
 def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path | None) -> int:
     console = Console()
-    if model_dir is None:
-        from kascade.toolchain.demo_model import ensure_demo_model
-
-        model_dir = ensure_demo_model(model_cache(), TRAIN)
+    model_dir = model_dir or demo_model()
     broker = None
     if brokers is None:
         broker = ensure_local_broker(port)
         brokers = broker.bootstrap
     try:
         kafka = fresh_topics(brokers, "kascade-demo")
-        settings = Settings(kafka=kafka, model_dir=model_dir)
+        settings = Settings(kafka=kafka, model_dir=model_dir, chunking=_chunking_of(model_dir))
         docs = [line.encode() for line in SAMPLES.read_text(encoding="utf-8").splitlines() if line]
         records = [(json.loads(d)["id"].encode(), d) for d in docs]
         _send(kafka, kafka.input_topic, records + [(None, m) for m in MALFORMED])

@@ -1,0 +1,177 @@
+"""The distribution: one import package, a runtime install without the toolchain, and
+the container's exact command run from such an install against the real broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import urllib.request
+import zipfile
+from pathlib import Path
+
+import pytest
+from helpers import documents, produce
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.local_broker import free_port
+from kascade.schemas import OutputRecord
+from kascade.schemas.settings import KafkaSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLCHAIN_ONLY = ("torch", "transformers", "sklearn", "scipy", "onnx", "onnxscript")
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    (built,) = out.glob("kascade-*.whl")
+    return built
+
+
+@pytest.fixture(scope="session")
+def runtime_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtualenv with the wheel installed without extras: what an image has."""
+    venv = tmp_path_factory.mktemp("runtime") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run(
+        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
+        check=True,
+        capture_output=True,
+        timeout=900,
+    )
+    return venv
+
+
+def test_the_wheel_installs_one_top_level_package_kascade(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        tops = {n.split("/")[0] for n in z.namelist() if not n.split("/")[0].endswith(".dist-info")}
+        names = z.namelist()
+    assert tops == {"kascade"}
+    for part in ("schemas", "operators", "dataflow", "toolchain", "demo"):
+        assert f"kascade/{part}/__init__.py" in names
+    assert "kascade/schemas/json/output.schema.json" in names
+    assert "kascade/demo/documents.jsonl" in names
+
+
+def test_the_runtime_install_has_no_toolchain_and_the_runtime_never_imports_it(
+    runtime_venv: Path, tmp_path: Path
+) -> None:
+    probe = (
+        "import importlib.util, json, sys\n"
+        "import kascade.cli, kascade.dataflow.flow, kascade.dataflow.runner\n"
+        f"mods = {TOOLCHAIN_ONLY!r}\n"
+        "print(json.dumps({'installed': [m for m in mods if importlib.util.find_spec(m)],"
+        " 'imported': [m for m in mods if m in sys.modules]}))\n"
+    )
+    r = subprocess.run(
+        [str(runtime_venv / "bin" / "python"), "-c", probe],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,  # not the checkout, whose folders would shadow the installed package
+    )
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"installed": [], "imported": []}
+
+
+def test_a_toolchain_command_without_the_extra_says_in_one_line_what_to_install(
+    runtime_venv: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "train.tsv"
+    data.write_text("text\tlabel\nrain\tweather\n")
+    kascade = str(runtime_venv / "bin" / "kascade")
+    r = subprocess.run(
+        [kascade, "train", "--model", "x", "--data", str(data), "--out", str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "pip install 'kascade[export]'" in lines[0], r.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def image(target: str = "runtime") -> tuple[list[str], dict[str, str], list[str]]:
+    """The command, environment and health check a Dockerfile stage runs."""
+    text = (ROOT / "docker" / "Dockerfile").read_text().replace("\\\n", " ")
+    stage = text.split(f" AS {target}\n", 1)[1].split("\nFROM ", 1)[0]
+    entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", stage, re.M).group(1))
+    cmd = json.loads(re.search(r"^CMD (\[.*\])$", stage, re.M).group(1))
+    env = dict(kv.split("=", 1) for kv in shlex.split(re.search(r"^ENV (.*)$", stage, re.M)[1]))
+    health = json.loads(re.search(r"HEALTHCHECK .*CMD (\[.*\])$", stage, re.M).group(1))
+    return entry + cmd, env, health
+
+
+def test_the_image_runs_as_a_non_root_user_from_the_wheel() -> None:
+    text = (ROOT / "docker" / "Dockerfile").read_text()
+    runtime = text.split(" AS runtime\n", 1)[1]
+    assert re.search(r"^USER kascade$", runtime, re.M)
+    assert "pip install --no-cache-dir /wheels/kascade-" in runtime
+    assert "COPY schemas" not in text  # the wheel, not the folders, is what installs
+
+
+@pytest.mark.kafka
+def test_the_image_command_classifies_documents_and_answers_its_health_check(
+    runtime_venv: Path, kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    """What the container does, from a runtime-only install: its command, its
+    environment (topics, broker and model directory pointed at this test's), its check."""
+    command, env, health = image()
+    docs = documents(12)
+    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    port = free_port()
+    env |= {
+        "PATH": f"{runtime_venv / 'bin'}:{os.environ.get('PATH', '')}",
+        "KASCADE_MODEL_DIR": str(exported["bert"]),
+        "KASCADE_KAFKA__BROKERS": kafka_settings.brokers,
+        "KASCADE_KAFKA__INPUT_TOPIC": kafka_settings.input_topic,
+        "KASCADE_KAFKA__OUTPUT_TOPIC": kafka_settings.output_topic,
+        "KASCADE_KAFKA__DEAD_LETTER_TOPIC": kafka_settings.dead_letter_topic,
+        "KASCADE_METRICS_PORT": str(port),
+        "KASCADE_METRICS_HOST": "127.0.0.1",
+    }
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        out = read_all(kafka_settings, kafka_settings.output_topic, expect=len(docs), timeout_s=180)
+        assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+        check = subprocess.run(health, env=env, capture_output=True, timeout=30, cwd=tmp_path)
+        assert check.returncode == 0, check.stderr
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            assert b"kascade_documents_out_total" in r.read()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    labels = [OutputRecord.model_validate_json(v) for _, v in out]
+    assert sorted(r.id for r in labels) == sorted(d.id for d in docs)
+    assert all(r.label is not None for r in labels)
+
+
+def test_compose_runs_broker_topics_model_pipeline_and_prometheus_on_one_volume() -> None:
+    import yaml
+
+    compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
+    services = compose["services"]
+    assert set(services) == {"kafka", "topics", "model", "kascade", "prometheus"}
+    _, env, _ = image()
+    pipeline = services["kascade"]
+    assert pipeline["build"]["target"] == "runtime"
+    assert pipeline["environment"]["KASCADE_MODEL_DIR"] == env["KASCADE_MODEL_DIR"]
+    assert any(v.startswith("models:/models") for v in pipeline["volumes"])
+    assert any(v.startswith("models:/models") for v in services["model"]["volumes"])
+    assert services["model"]["command"] == ["demo", "--save-model", env["KASCADE_MODEL_DIR"]]
+    for need in ("topics", "model"):
+        assert pipeline["depends_on"][need]["condition"] == "service_completed_successfully"
+    scrape = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
+    targets = scrape["scrape_configs"][0]["static_configs"][0]["targets"]
+    assert targets == [f"kascade:{pipeline['environment']['KASCADE_METRICS_PORT']}"]
