@@ -36,7 +36,12 @@ def kafka_bootstrap() -> Iterator[str]:
     if _docker_engine_answers():
         from testcontainers.kafka import KafkaContainer
 
-        with KafkaContainer().with_kraft() as container:
+        # As in production and in docker/kafka-local.sh: a missing topic is an error,
+        # not a topic created on first use.
+        container = (
+            KafkaContainer().with_kraft().with_env("KAFKA_AUTO_CREATE_TOPICS_ENABLE", "false")
+        )
+        with container:
             yield container.get_bootstrap_server()
         return
     from kascade.dataflow.local_broker import ensure_local_broker, free_port
