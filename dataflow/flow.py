@@ -19,8 +19,9 @@ from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.full_model import classify
 from kascade.operators.items import ChunkResult
 from kascade.operators.reduce import Labeling, assemble
+from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.validate import Received, kafka_errors, validate
-from kascade.schemas import CascadeUse, DeadLetter, ModelIdentity, OutputRecord
+from kascade.schemas import CascadeUse, DeadLetter, ModelIdentity
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.settings import Settings
@@ -40,15 +41,12 @@ def ingest(flow: Dataflow, settings: Settings) -> tuple[Stream[Received], Stream
 
 
 def dead_letter_output(dead: Stream[DeadLetter], settings: Settings) -> None:
-    """Write dead letters to their topic, keyed like the original record."""
-
-    def serialize(d: DeadLetter) -> tuple[bytes | None, bytes]:
-        metrics.DEAD_LETTERS.labels(d.reason.value).inc()
-        return d.original_key(), d.model_dump_json().encode()
-
+    """Write dead letters to their topic, keyed like the original record, cut down to
+    what the broker accepts."""
+    limit = settings.kafka.record_limit()
     op.output(
         "dead_letter_out",
-        op.map("dead_letter_serialize", dead, serialize),
+        op.map("dead_letter_serialize", dead, lambda d: dead_letter_value(d, max_bytes=limit)),
         DeliveryCheckedSink(settings.kafka, settings.kafka.dead_letter_topic),
     )
 
@@ -56,12 +54,6 @@ def dead_letter_output(dead: Stream[DeadLetter], settings: Settings) -> None:
 def model_identity(model: Loaded) -> ModelIdentity:
     m = model.manifest
     return ModelIdentity(name=m.source, variant=m.variant, manifest_sha256=model.manifest_sha256)
-
-
-def _serialize_output(record: OutputRecord) -> tuple[bytes, bytes]:
-    metrics.DOCS_OUT.labels(str(record.degraded).lower()).inc()
-    metrics.DOC_LATENCY.observe(record.latency_ms / 1000)
-    return record.id.encode(), record.model_dump_json().encode()
 
 
 def cascade_use(settings: Settings, model: Loaded) -> CascadeUse:
@@ -147,10 +139,18 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
         spread = op.redistribute("spread", chunked.chunks)
         results = classify("classify", spread, model.directory, settings.encoder)
     records = assemble("assemble", results, chunked.empty, labeling)
+    limit = settings.kafka.record_limit()
+    serialized = op.map(
+        "serialize", records, lambda r: output_value(r, max_bytes=limit, stage="serialize")
+    )
+    sendable = op.branch("sendable", serialized, lambda x: not isinstance(x, DeadLetter))
     op.output(
         "kafka_out",
-        op.map("serialize", records, _serialize_output),
+        sendable.trues,
         DeliveryCheckedSink(settings.kafka, settings.kafka.output_topic),
     )
-    dead_letter_output(op.merge("all_dead", dead, chunked.dead), settings)
+    dead_letter_output(
+        op.merge("all_dead", dead, chunked.dead, sendable.falses),  # type: ignore[arg-type]
+        settings,
+    )
     return flow

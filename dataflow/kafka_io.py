@@ -20,11 +20,11 @@ from bytewax.connectors.kafka import KafkaError as KafkaSourceError
 from bytewax.connectors.kafka import KafkaSource, KafkaSourceMessage
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from kascade.schemas.settings import KafkaSettings
 
-from kascade.errors import KascadeError
+from kascade.errors import KascadeError, UsageError
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines, routed into Python logging instead of raw stderr.
@@ -37,6 +37,8 @@ def client_config(settings: KafkaSettings) -> dict[str, Any]:
 
 
 KeyValue = tuple[bytes | str | None, bytes]
+# What every output producer adds: no duplicates from its own retries, small batches.
+SINK_CONFIG = {"enable.idempotence": "true", "linger.ms": "5"}
 
 
 class KafkaUnavailable(KascadeError):
@@ -47,12 +49,29 @@ class DeliveryFailed(KascadeError):
     """Kafka did not accept a record the flow produced."""
 
 
+def check_client_config(settings: KafkaSettings) -> None:
+    """Every client kascade makes accepts ``settings`` (``kafka.extra`` included), or a
+    one-line :class:`UsageError` before anything starts."""
+    for kind, make in (
+        ("consumer", lambda c: Consumer(c | {"group.id": "kascade-config-check"})),
+        ("producer", lambda c: Producer(SINK_CONFIG | c)),
+    ):
+        try:
+            client = make(client_config(settings))
+        except (KafkaException, ValueError, TypeError) as e:
+            reason = e.args[0].str() if e.args and isinstance(e.args[0], KafkaError) else e
+            raise UsageError(f"invalid Kafka {kind} settings (kafka.extra?): {reason}") from None
+        if isinstance(client, Consumer):
+            client.close()
+
+
 def check_cluster(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, int]:
     """Partition count of each topic, or :class:`KafkaUnavailable` within the timeout.
 
     Runs before the dataflow starts, because Bytewax's source would otherwise block
     forever in ``list_topics`` when the broker is down.
     """
+    check_client_config(settings)
     admin = AdminClient(client_config(settings))
     meta = _cluster_metadata(admin, settings)
     found: dict[str, int] = {}
@@ -79,6 +98,21 @@ def _cluster_metadata(admin: AdminClient, settings: KafkaSettings) -> Any:
             f"cannot reach Kafka at {settings.brokers} within "
             f"{settings.connect_timeout_s:g}s: {e.args[0].str() if e.args else e}"
         ) from None
+
+
+def accepted_record_bytes(settings: KafkaSettings, topics: Iterable[str]) -> int:
+    """The largest record every one of ``topics`` and kascade's producer accept."""
+    admin = AdminClient(client_config(settings))
+    resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
+    limits = [int(settings.extra.get("message.max.bytes", 1_000_000))]
+    try:
+        described = admin.describe_configs(resources, request_timeout=settings.connect_timeout_s)
+        for future in described.values():
+            entries = future.result(timeout=settings.connect_timeout_s)
+            limits.append(int(entries["max.message.bytes"].value))
+    except KafkaException as e:
+        raise KafkaUnavailable(f"cannot read topic configs from {settings.brokers}: {e}") from None
+    return min(limits)
 
 
 def create_topics(settings: KafkaSettings, topics: dict[str, int]) -> list[str]:
@@ -264,10 +298,7 @@ class DeliveryCheckedSink(DynamicSink[KeyValue]):
     def __init__(
         self, settings: KafkaSettings, topic: str, *, flush_timeout_s: float = 30.0
     ) -> None:
-        self._config = client_config(settings) | {
-            "enable.idempotence": "true",
-            "linger.ms": "5",
-        }
+        self._config = SINK_CONFIG | client_config(settings)  # kafka.extra may override
         self._topic = topic
         self._flush_timeout_s = flush_timeout_s
 

@@ -20,7 +20,7 @@ from datetime import timedelta
 from bytewax.dataflow import Dataflow
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
-from kascade.dataflow.kafka_io import check_cluster
+from kascade.dataflow.kafka_io import accepted_record_bytes, check_cluster
 from kascade.dataflow.local_broker import free_port
 from kascade.schemas.settings import Settings
 
@@ -32,6 +32,15 @@ FlowBuilder = Callable[[Settings], Dataflow]
 def required_topics(settings: Settings) -> list[str]:
     k = settings.kafka
     return [k.input_topic, k.output_topic, k.dead_letter_topic]
+
+
+def with_record_limit(settings: Settings) -> Settings:
+    """``settings`` with ``kafka.max_message_bytes`` read from the cluster when unset."""
+    k = settings.kafka
+    if k.max_message_bytes is not None:
+        return settings
+    limit = accepted_record_bytes(k, [k.output_topic, k.dead_letter_topic])
+    return settings.model_copy(update={"kafka": k.model_copy(update={"max_message_bytes": limit})})
 
 
 def recovery_config(settings: Settings) -> RecoveryConfig | None:
@@ -78,6 +87,7 @@ def run(settings: Settings, build: FlowBuilder) -> int:
     Returns a process exit status.
     """
     check_cluster(settings.kafka, required_topics(settings))
+    settings = with_record_limit(settings)
     hosts = settings.cluster
     if hosts is not None:
         run_process(settings, build, process_id=settings.process_id, addresses=hosts)

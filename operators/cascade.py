@@ -124,7 +124,7 @@ class Verdict:
     """What the cheap stages concluded about one chunk."""
 
     stage: Stage  # "s0", "s1" (settled) or "uncertain"
-    probs: np.ndarray
+    probs: np.ndarray | None  # None: the cheap stages failed on this chunk
     hidden: np.ndarray | None = None  # prefix output, kept for escalation
 
 
@@ -168,7 +168,11 @@ class CascadeLogic(StatefulLogic[ChunkTask, "ChunkResult | Escalation", CascadeS
         s = self.state
         if value.index not in s.verdicts:  # a replayed chunk is not classified twice
             s.tasks[value.index] = value
-            s.verdicts[value.index] = self.cheap(value)
+            try:
+                s.verdicts[value.index] = self.cheap(value)
+            except Exception:  # the cheap stages are an optimisation: the full model decides
+                metrics.CHEAP_FAILURES.inc()
+                s.verdicts[value.index] = Verdict("uncertain", None)
         if len(s.verdicts) < s.meta.total_chunks:
             return [], StatefulLogic.RETAIN
         return self._decide(s), StatefulLogic.DISCARD
@@ -177,7 +181,11 @@ class CascadeLogic(StatefulLogic[ChunkTask, "ChunkResult | Escalation", CascadeS
         settled = {i: v for i, v in s.verdicts.items() if v.stage != "uncertain"}
         uncertain = {i: v for i, v in s.verdicts.items() if v.stage == "uncertain"}
         known = sorted(settled)
-        decided = STRATEGIES[self.strategy].decided(
+        # A chunk without any estimate cannot be skipped: its answer is unbounded only
+        # in theory, but a document label must rest on some answer for every chunk.
+        decided = all(v.probs is not None for v in uncertain.values()) and STRATEGIES[
+            self.strategy
+        ].decided(
             np.stack([settled[i].probs for i in known]) if known else np.empty((0, 0)),
             np.asarray([float(s.tasks[i].n_tokens) for i in known]),
             [float(s.tasks[i].n_tokens) for i in uncertain],

@@ -21,7 +21,7 @@ from bytewax.dataflow import Stream, operator
 from kascade.operators import metrics
 from kascade.operators.encoder import load_tokenizer
 from kascade.operators.items import ChunkTask, DocMeta
-from kascade.operators.validate import Received
+from kascade.operators.validate import Received, failure
 from kascade.schemas import DeadLetter, DeadLetterReason
 from kascade.schemas.settings import ChunkSettings
 from tokenizers import Tokenizer
@@ -137,6 +137,44 @@ def _tokenizer(path: str) -> tuple[Tokenizer, SpecialTokens]:
     return tok, SpecialTokens.of(tok)
 
 
+def split(
+    r: Received,
+    tokenizer: Tokenizer,
+    specials: SpecialTokens,
+    settings: ChunkSettings,
+    *,
+    stage: str,
+) -> list[ChunkTask | DocMeta | DeadLetter]:
+    """A document's chunks, its metadata alone (no tokens), or a dead letter; never raises."""
+    metrics.DOCS_IN.inc()
+    with metrics.STAGE_SECONDS.labels("chunk").time():
+        try:
+            chunks = chunk_text(
+                r.doc.text,
+                tokenizer,
+                max_tokens=settings.max_tokens,
+                overlap=settings.overlap,
+                max_chunks=settings.max_chunks,
+                specials=specials,
+            )
+        except ChunkLimitExceeded as e:
+            return [r.dead_letter(DeadLetterReason.TOO_LONG, str(e), stage)]
+        except Exception as e:  # a tokenizer that rejects a string rejects one record
+            return [r.dead_letter(DeadLetterReason.PROCESSING, failure(e), stage)]
+    meta = DocMeta(
+        id=r.doc.id,
+        total_chunks=len(chunks),
+        lang=r.doc.lang,
+        metadata=r.doc.metadata,
+        timestamp_ms=r.timestamp_ms,
+        source=r.position,
+    )
+    if not chunks:
+        return [meta]
+    metrics.CHUNKS_IN.inc(len(chunks))
+    return [ChunkTask(meta, c.index, c.ids, c.n_tokens) for c in chunks]
+
+
 @dataclass(frozen=True)
 class ChunkOut:
     """Chunks to classify, documents without tokens, and documents that were too long."""
@@ -152,44 +190,11 @@ def chunk(
 ) -> ChunkOut:
     """Split each document into :class:`ChunkTask` items (tokenizer loaded once per process)."""
 
-    def split(r: Received) -> list[ChunkTask | DocMeta | DeadLetter]:
+    def split_one(r: Received) -> list[ChunkTask | DocMeta | DeadLetter]:
         tok, specials = _tokenizer(str(tokenizer_path))
-        metrics.DOCS_IN.inc()
-        with metrics.STAGE_SECONDS.labels("chunk").time():
-            try:
-                chunks = chunk_text(
-                    r.doc.text,
-                    tok,
-                    max_tokens=settings.max_tokens,
-                    overlap=settings.overlap,
-                    max_chunks=settings.max_chunks,
-                    specials=specials,
-                )
-            except ChunkLimitExceeded as e:
-                return [
-                    DeadLetter(
-                        reason=DeadLetterReason.TOO_LONG,
-                        detail=str(e),
-                        stage=step_id,
-                        source=r.position,
-                        key_b64=None if r.key is None else DeadLetter.encode(r.key),
-                        original_b64=DeadLetter.encode(r.raw),
-                        timestamp_ms=r.timestamp_ms,
-                    )
-                ]
-        meta = DocMeta(
-            id=r.doc.id,
-            total_chunks=len(chunks),
-            lang=r.doc.lang,
-            metadata=r.doc.metadata,
-            timestamp_ms=r.timestamp_ms,
-        )
-        if not chunks:
-            return [meta]
-        metrics.CHUNKS_IN.inc(len(chunks))
-        return [ChunkTask(meta, c.index, c.ids, c.n_tokens) for c in chunks]
+        return split(r, tok, specials, settings, stage=step_id)
 
-    items = op.flat_map("split", up, split)
+    items = op.flat_map("split", up, split_one)
     is_chunk = op.branch("is_chunk", items, lambda x: isinstance(x, ChunkTask))
     is_meta = op.branch("is_empty", is_chunk.falses, lambda x: isinstance(x, DocMeta))
     return ChunkOut(

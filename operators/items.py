@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from kascade.schemas import SourcePosition
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class DocMeta:
     lang: str | None
     metadata: dict[str, Any] | None
     timestamp_ms: int | None
+    source: SourcePosition | None = None  # where the document was read, for dead letters
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,9 @@ DOCS_OUT = Counter("kascade_documents_out_total", "Document labels emitted", ["d
 CHUNKS_IN = Counter("kascade_chunks_total", "Chunks made from documents")
 CHUNKS_FULL_MODEL = Counter("kascade_chunks_full_model_total", "Chunks sent to the full model")
 CHUNK_FAILURES = Counter("kascade_chunk_failures_total", "Chunks whose full-model call failed")
+CHEAP_FAILURES = Counter(
+    "kascade_cheap_stage_failures_total", "Chunks the cascade's cheap stages failed on"
+)
 DEAD_LETTERS = Counter(
     "kascade_dead_letters_total", "Records sent to the dead-letter topic", ["reason"]
 )

@@ -117,7 +117,32 @@ def label_document(
         cascade=labeling.cascade,
         lang=meta.lang,
         metadata=meta.metadata,
+        source=meta.source,
     )
+
+
+def label_or_degraded(
+    meta: DocMeta, results: list[ChunkResult], labeling: Labeling, now_ms: int
+) -> OutputRecord:
+    """:func:`label_document`, or if that fails a degraded record without a label
+    saying why: a document's output never takes the job down with it."""
+    try:
+        return label_document(meta, results, labeling, now_ms)
+    except Exception as e:
+        return OutputRecord(
+            id=meta.id,
+            label=None,
+            score=0.0,
+            scores={},
+            aggregation=labeling.aggregation,
+            chunks=ChunkCounts(total=meta.total_chunks, failed=meta.total_chunks),
+            model=labeling.model,
+            latency_ms=0.0,
+            degraded=True,
+            reasons=[f"reduce failed: {type(e).__name__}: {e}"[:500]],
+            cascade=labeling.cascade,
+            source=meta.source,
+        )
 
 
 @dataclass
@@ -134,7 +159,7 @@ class AssembleLogic(StatefulLogic[ChunkResult, OutputRecord, Assembly]):
         self.state.add(value)
         if not self.state.complete:
             return [], StatefulLogic.RETAIN
-        record = label_document(
+        record = label_or_degraded(
             self.state.meta, list(self.state.results.values()), self.labeling, self.now_ms()
         )
         return [record], StatefulLogic.DISCARD
@@ -152,6 +177,6 @@ def assemble(
     keyed = op.key_on("by_document", results, lambda r: r.doc.id)
     records = op.stateful("collect", keyed, lambda resume: AssembleLogic(labeling, resume))
     no_chunks = op.map(
-        "no_chunks", empty, lambda meta: label_document(meta, [], labeling, _wall_ms())
+        "no_chunks", empty, lambda meta: label_or_degraded(meta, [], labeling, _wall_ms())
     )
     return op.merge("documents", op.key_rm("unkey", records), no_chunks)

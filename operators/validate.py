@@ -12,6 +12,7 @@ splits a stream of Kafka messages into documents and dead letters.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 
@@ -36,13 +37,13 @@ def decode(
     """A validated document, or a dead letter saying exactly why ``raw`` is not one."""
 
     def reject(reason: DeadLetterReason, detail: str) -> DeadLetter:
-        return DeadLetter(
-            reason=reason,
-            detail=detail,
+        return DeadLetter.of(
+            reason,
+            detail,
             stage=stage,
+            raw=raw,
+            key=key,
             source=position,
-            key_b64=None if key is None else DeadLetter.encode(key),
-            original_b64=DeadLetter.encode(raw),
             timestamp_ms=timestamp_ms,
         )
 
@@ -58,12 +59,38 @@ def decode(
         return reject(DeadLetterReason.NOT_UTF8, f"not UTF-8: {e}")
     try:
         parsed = json.loads(text)
-    except json.JSONDecodeError as e:
-        return reject(DeadLetterReason.NOT_JSON, f"not JSON: {e}")
+    except (ValueError, RecursionError) as e:
+        # JSONDecodeError is a ValueError, and so is an integer of more than 4,300 digits;
+        # nesting deeper than the interpreter's stack is a RecursionError.
+        return reject(DeadLetterReason.NOT_JSON, f"not JSON: {type(e).__name__}: {e}")
+    surrogate = _lone_surrogate(parsed)
+    if surrogate is not None:
+        return reject(DeadLetterReason.NOT_UTF8, surrogate)
     try:
         return InputDocument.model_validate(parsed)
     except ValidationError as e:
         return reject(DeadLetterReason.SCHEMA, _one_line(e))
+
+
+def _lone_surrogate(parsed: object) -> str | None:
+    """Why ``parsed`` holds text that is not Unicode (``None`` if it has none).
+
+    JSON may escape a lone surrogate (``"\\ud800"``); Python then holds a string that
+    no UTF-8 encoder, tokenizer or serializer downstream accepts.
+
+    >>> _lone_surrogate({"text": "ok \U0001f600"}) is None
+    True
+    >>> _lone_surrogate(json.loads('{"text": "x\\ud800"}'))
+    'text holds a lone surrogate (\\\\ud800): not Unicode text'
+    """
+    try:
+        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as e:
+        escape = ascii(e.object[e.start : e.end])[1:-1]
+        return f"text holds a lone surrogate ({escape}): not Unicode text"
+    except (RecursionError, ValueError):
+        return "nested too deeply to check"
+    return None
 
 
 def _one_line(e: ValidationError) -> str:
@@ -97,6 +124,52 @@ class Received:
     raw: bytes  # the original value, for a dead letter if a later stage rejects it
     key: bytes | None = None
 
+    def dead_letter(self, reason: DeadLetterReason, detail: str, stage: str) -> DeadLetter:
+        """A later stage's rejection of this record, with its original bytes."""
+        return DeadLetter.of(
+            reason,
+            detail,
+            stage=stage,
+            raw=self.raw,
+            key=self.key,
+            source=self.position,
+            timestamp_ms=self.timestamp_ms,
+        )
+
+
+def failure(e: BaseException) -> str:
+    """An exception as a dead letter's detail: its type and message."""
+    return f"{type(e).__name__}: {e}"
+
+
+def check(msg: RawMessage, *, max_bytes: int, stage: str) -> Received | DeadLetter:
+    """One Kafka message as a document or a dead letter; never raises."""
+    position = _position(msg)
+    ts = _timestamp_ms(msg)
+    try:
+        result = decode(
+            msg.value,
+            key=msg.key,
+            position=position,
+            max_bytes=max_bytes,
+            timestamp_ms=ts,
+            stage=stage,
+        )
+    except Exception as e:  # whatever else a record can do to a parser is data too
+        return DeadLetter.of(
+            DeadLetterReason.PROCESSING,
+            failure(e),
+            stage=stage,
+            raw=msg.value,
+            key=msg.key,
+            source=position,
+            timestamp_ms=ts,
+        )
+    if isinstance(result, DeadLetter):
+        return result
+    assert msg.value is not None  # decode() dead-letters empty values
+    return Received(doc=result, position=position, timestamp_ms=ts, raw=msg.value, key=msg.key)
+
 
 @dataclass(frozen=True)
 class ValidateOut:
@@ -114,23 +187,7 @@ def validate(
 ) -> ValidateOut:
     """Decode every Kafka message into a :class:`Received` or a :class:`DeadLetter`."""
 
-    def check(msg: RawMessage) -> Received | DeadLetter:
-        position = _position(msg)
-        ts = _timestamp_ms(msg)
-        result = decode(
-            msg.value,
-            key=msg.key,
-            position=position,
-            max_bytes=max_bytes,
-            timestamp_ms=ts,
-            stage=step_id,
-        )
-        if isinstance(result, DeadLetter):
-            return result
-        assert msg.value is not None  # decode() dead-letters empty values
-        return Received(doc=result, position=position, timestamp_ms=ts, raw=msg.value, key=msg.key)
-
-    checked = op.map("check", up, check)
+    checked = op.map("check", up, functools.partial(check, max_bytes=max_bytes, stage=step_id))
     split = op.branch("split", checked, lambda x: isinstance(x, Received))
     return ValidateOut(docs=split.trues, dead=split.falses)  # type: ignore[arg-type]
 
@@ -143,13 +200,13 @@ def kafka_errors(
 
     def to_dead_letter(err: KafkaError[bytes | None, bytes | None]) -> DeadLetter:
         msg = err.msg
-        return DeadLetter(
-            reason=DeadLetterReason.KAFKA_ERROR,
-            detail=str(err.err),
+        return DeadLetter.of(
+            DeadLetterReason.KAFKA_ERROR,
+            str(err.err),
             stage=step_id,
+            raw=msg.value,
+            key=msg.key,
             source=_position(msg),
-            key_b64=None if msg.key is None else DeadLetter.encode(msg.key),
-            original_b64=DeadLetter.encode(msg.value),
             timestamp_ms=_timestamp_ms(msg),
         )
 

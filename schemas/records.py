@@ -11,12 +11,15 @@ from it, so code and contract cannot drift apart.
 from __future__ import annotations
 
 import base64
+import hashlib
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 
 _FROZEN_STRICT = ConfigDict(extra="forbid", frozen=True)
+MAX_DETAIL = 2000  # characters of a dead letter's detail
+PREFIX_BYTES = 4096  # of an original value too large to carry whole
 
 DocumentId = Annotated[
     str,
@@ -124,6 +127,9 @@ class OutputRecord(BaseModel):
     )
     lang: str | None = None
     metadata: dict[str, Any] | None = None
+    source: SourcePosition | None = Field(
+        default=None, description="Where the input record was read."
+    )
 
 
 class Aggregation(StrEnum):
@@ -174,8 +180,67 @@ class DeadLetter(BaseModel):
     stage: str = Field(description="Dataflow step that rejected the record.")
     source: SourcePosition | None = Field(description="Position of the original record.")
     key_b64: str | None = Field(default=None, description="Original Kafka key, base64.")
-    original_b64: str = Field(description="Original Kafka value, base64 (empty when null).")
+    original_b64: str = Field(
+        description="Original Kafka value, base64 (empty when null); only a prefix when"
+        " original_truncated, the whole value staying in the input topic at `source`."
+    )
+    original_truncated: bool = Field(
+        default=False,
+        description="The dead letter would exceed what the broker accepts: original_b64 holds"
+        " a prefix of the value, original_size and original_sha256 describe all of it.",
+    )
+    original_size: int | None = Field(default=None, ge=0, description="Bytes of the value.")
+    original_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     timestamp_ms: int | None = Field(default=None, description="Kafka timestamp of the input.")
+
+    @classmethod
+    def of(
+        cls,
+        reason: DeadLetterReason,
+        detail: str,
+        *,
+        stage: str,
+        raw: bytes | None,
+        key: bytes | None,
+        source: SourcePosition | None,
+        timestamp_ms: int | None,
+    ) -> DeadLetter:
+        """A dead letter for the record ``(key, raw)`` read at ``source``."""
+        return cls(
+            reason=reason,
+            detail=detail[:MAX_DETAIL],
+            stage=stage,
+            source=source,
+            key_b64=None if key is None else cls.encode(key),
+            original_b64=cls.encode(raw),
+            timestamp_ms=timestamp_ms,
+        )
+
+    def fitted(self, max_bytes: int) -> DeadLetter:
+        """This dead letter, or, when its JSON would exceed ``max_bytes``, the same one
+        with the original value cut to a prefix (its size and sha256 kept).
+
+        >>> d = DeadLetter.of(DeadLetterReason.OVERSIZE, "big", stage="s", raw=b"x" * 5000,
+        ...     key=None, source=None, timestamp_ms=None)
+        >>> small = d.fitted(2000)
+        >>> small.original_truncated, small.original_size, len(small.model_dump_json()) <= 2000
+        (True, 5000, True)
+        """
+        if len(self.model_dump_json()) <= max_bytes:
+            return self
+        raw = self.original()
+        head = self.model_copy(
+            update={
+                "original_b64": "",
+                "original_truncated": True,
+                "original_size": len(raw),
+                "original_sha256": hashlib.sha256(raw).hexdigest(),
+                "key_b64": None if self.key_b64 is None else self.key_b64[:MAX_DETAIL],
+            }
+        )
+        room = max_bytes - len(head.model_dump_json())
+        keep = max(0, min(PREFIX_BYTES, room * 3 // 4 - 4))
+        return head.model_copy(update={"original_b64": self.encode(raw[:keep])})
 
     @staticmethod
     def encode(raw: bytes | None) -> str:

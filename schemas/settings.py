@@ -72,6 +72,13 @@ class KafkaSettings(BaseModel):
         description="Text bytes per step (at least one record): bounds a step's model work"
         " when documents are long, as batch_size does when they are short.",
     )
+    max_message_bytes: int | None = Field(
+        default=None,
+        ge=4096,
+        description="Largest record kascade writes (larger ones are cut down or"
+        " dead-lettered); default: what the cluster and the output topics accept, read at"
+        " start.",
+    )
     fetch_wait_max_ms: int = Field(
         default=20,
         ge=0,
@@ -90,6 +97,11 @@ class KafkaSettings(BaseModel):
             if missing:
                 raise ValueError(f"{self.security_protocol} needs {', '.join(missing)}")
         return self
+
+    def record_limit(self) -> int:
+        """Bytes a record's value may have: the accepted size less room for the key,
+        headers and batch framing (librdkafka's own default limit when unknown)."""
+        return (self.max_message_bytes or 1_000_000) - 2048
 
     def client_config(self) -> dict[str, str]:
         """librdkafka properties shared by consumers, producers and admin clients.

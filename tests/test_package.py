@@ -7,6 +7,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import urllib.request
@@ -27,8 +28,16 @@ TOOLCHAIN_ONLY = ("torch", "transformers", "sklearn", "scipy", "onnx", "onnxscri
 @pytest.fixture(scope="session")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
+    # From a clean copy: setuptools builds in ./build, where files of an earlier layout
+    # would otherwise ride along into the wheel.
+    src = tmp_path_factory.mktemp("source") / "kascade"
+    shutil.copytree(
+        ROOT,
+        src,
+        ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "build", "runs", "*.egg-info"),
+    )
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
         check=True,
         capture_output=True,
         timeout=600,
