@@ -18,7 +18,7 @@ import argparse
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from kascade.schemas.records import Aggregation
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
@@ -31,6 +31,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+S = TypeVar("S", bound=BaseSettings)
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 
@@ -277,8 +278,14 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> CliSettingsSource[Set
     Parse with the parser, then pass ``source(parsed_args=namespace)`` to
     :func:`load_settings` as ``flags``.
     """
+    return flags_for(Settings, parser)
+
+
+def flags_for(model: type[S], parser: argparse.ArgumentParser) -> CliSettingsSource[S]:
+    """One flag per field of the settings class ``model`` on ``parser``, spelled the way
+    every kascade command spells them (kebab case, dotted sections, ``--no-`` for off)."""
     return CliSettingsSource(
-        Settings,
+        model,
         root_parser=parser,
         cli_kebab_case=True,
         cli_implicit_flags=True,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from kascade.schemas.settings import flags_for
 from pydantic import Field
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
@@ -29,11 +30,4 @@ class TrainConfig(BaseSettings):
 
 def add_train_flags(parser: argparse.ArgumentParser) -> CliSettingsSource[TrainConfig]:
     """One flag per :class:`TrainConfig` field on ``parser``."""
-    return CliSettingsSource(
-        TrainConfig,
-        root_parser=parser,
-        cli_kebab_case=True,
-        cli_avoid_json=True,
-        cli_hide_none_type=True,
-        cli_use_class_docs_for_groups=True,
-    )
+    return flags_for(TrainConfig, parser)
