@@ -10,6 +10,8 @@ closes both: :func:`check_cluster` fails fast with a clear message, and
 from __future__ import annotations
 
 import logging
+import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterable
@@ -22,13 +24,20 @@ from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from kascade.dataflow.health import LINK, FoldConnectionErrors, means_unreachable
 from kascade.schemas.settings import KafkaSettings
 
 from kascade.errors import KascadeError, UsageError
 
 log = logging.getLogger(__name__)
-# librdkafka's own log lines, routed into Python logging instead of raw stderr.
+# librdkafka's own log lines, routed into Python logging instead of raw stderr; its
+# reconnect attempts become state changes of the process's link to the cluster.
 rdkafka_log = logging.getLogger("kascade.rdkafka")
+rdkafka_log.addFilter(FoldConnectionErrors())
+# Set on SIGTERM/SIGINT: sources end as if their input had, so the flow drains.
+DRAIN = threading.Event()
+# How often a waiting sink wakes to check the outage against its tolerance.
+_FLUSH_SLICE_S = 5.0
 
 
 def client_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -186,6 +195,17 @@ def _size(item: SourceItem) -> int:
     return len(value or b"")
 
 
+def _is_link_error(item: SourceItem) -> bool:
+    """A consumer error about the connection, not about a record: no dead letter for it."""
+    if not isinstance(item, KafkaSourceError):
+        return False
+    message = item.err.str() if hasattr(item.err, "str") else str(item.err)
+    if item.msg.value is None and means_unreachable(f"{item.err!r} {message}"):
+        LINK.down(message[:120])
+        return True
+    return False
+
+
 class _ByteBudgetPartition(StatefulSourcePartition[SourceItem, int | None]):
     """Hands on at most ``max_bytes`` of record values per step (at least one record),
     keeping the rest of the consumer's batch for the next steps.
@@ -200,8 +220,13 @@ class _ByteBudgetPartition(StatefulSourcePartition[SourceItem, int | None]):
         self._held: deque[SourceItem] = deque()
 
     def next_batch(self) -> list[SourceItem]:
+        if DRAIN.is_set():
+            raise StopIteration  # records held back are resumed from their own offset
         if not self._held:
-            self._held.extend(self._inner.next_batch())  # StopIteration at the end passes on
+            fetched = self._inner.next_batch()  # StopIteration at the end passes on
+            self._held.extend(x for x in fetched if not _is_link_error(x))
+            if self._held:
+                LINK.up()
         batch: list[SourceItem] = []
         size = 0
         while self._held and (not batch or size + _size(self._held[0]) <= self._max_bytes):
@@ -239,10 +264,10 @@ class ByteBudgetSource(FixedPartitionedSource[SourceItem, int | None]):
 
 
 class _DeliveryCheckedPartition(StatelessSinkPartition[KeyValue]):
-    def __init__(self, config: dict[str, Any], topic: str, flush_timeout_s: float):
+    def __init__(self, config: dict[str, Any], topic: str, tolerance_s: float):
         self._producer = Producer(config)
         self._topic = topic
-        self._flush_timeout_s = flush_timeout_s
+        self._tolerance_s = tolerance_s
         self._error: str | None = None
         self.delivered = 0
 
@@ -253,6 +278,7 @@ class _DeliveryCheckedPartition(StatelessSinkPartition[KeyValue]):
             log.error("kafka delivery failed: %s", err.str())
         else:
             self.delivered += 1
+            LINK.up()
 
     def _raise_if_failed(self) -> None:
         if self._error is not None:
@@ -273,19 +299,28 @@ class _DeliveryCheckedPartition(StatelessSinkPartition[KeyValue]):
             self._producer.poll(0)
         # Flush before returning, so that when Bytewax snapshots this epoch every record
         # it produced is acknowledged: a crash after the snapshot cannot lose output.
-        remaining = self._producer.flush(self._flush_timeout_s)
-        self._raise_if_failed()
-        if remaining:
-            raise DeliveryFailed(
-                f"{remaining} records to {self._topic} unacknowledged after "
-                f"{self._flush_timeout_s:g}s"
-            )
+        self._flush()
+
+    def _flush(self) -> None:
+        """Wait until every record is acknowledged: through an outage of up to the
+        tolerance (librdkafka keeps retrying them that long), then give up loudly."""
+        started = time.monotonic()
+        while True:
+            remaining = self._producer.flush(_FLUSH_SLICE_S)
+            self._raise_if_failed()
+            if not remaining:
+                return
+            waited = time.monotonic() - started
+            if waited >= self._tolerance_s:
+                raise KafkaUnavailable(
+                    f"Kafka unreachable for {waited:.0f} s (kafka.outage_tolerance_s ="
+                    f" {self._tolerance_s:g}): {remaining} records to {self._topic} not"
+                    " acknowledged; they are re-read from the input on restart"
+                )
+            LINK.down(f"{remaining} records to {self._topic} waiting")
 
     def close(self) -> None:
-        remaining = self._producer.flush(self._flush_timeout_s)
-        self._raise_if_failed()
-        if remaining:
-            raise DeliveryFailed(f"{remaining} records to {self._topic} lost at close")
+        self._flush()
 
 
 class DeliveryCheckedSink(DynamicSink[KeyValue]):
@@ -295,14 +330,15 @@ class DeliveryCheckedSink(DynamicSink[KeyValue]):
     partition Kafka's partitioner picks for that key.
     """
 
-    def __init__(
-        self, settings: KafkaSettings, topic: str, *, flush_timeout_s: float = 30.0
-    ) -> None:
-        self._config = SINK_CONFIG | client_config(settings)  # kafka.extra may override
+    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+        # librdkafka retries each record for longer than the job tolerates an outage, so
+        # the sink, not a record's timeout, decides when an outage has lasted too long.
+        retry = {"message.timeout.ms": str(int((settings.outage_tolerance_s + 30) * 1000))}
+        self._config = SINK_CONFIG | retry | client_config(settings)  # kafka.extra may override
         self._topic = topic
-        self._flush_timeout_s = flush_timeout_s
+        self._tolerance_s = settings.outage_tolerance_s
 
     def build(
         self, step_id: str, worker_index: int, worker_count: int
     ) -> _DeliveryCheckedPartition:
-        return _DeliveryCheckedPartition(self._config, self._topic, self._flush_timeout_s)
+        return _DeliveryCheckedPartition(self._config, self._topic, self._tolerance_s)

@@ -10,8 +10,11 @@ from __future__ import annotations
 import logging
 import pickle
 import sys
+import traceback
 
-from kascade.dataflow.runner import run_process
+from kascade.dataflow.runner import FAILURE_MARK, run_process
+
+from kascade.errors import kascade_error_in
 
 
 def main() -> int:
@@ -23,8 +26,17 @@ def main() -> int:
         return 2
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kascade.rdkafka").setLevel(logging.ERROR)
-    settings, build = pickle.loads(sys.stdin.buffer.read())
-    run_process(settings, build, process_id=int(sys.argv[1]), addresses=sys.argv[2].split(";"))
+    settings, build = pickle.loads(bytes.fromhex(sys.stdin.read()))
+    index = int(sys.argv[1])
+    try:
+        run_process(settings, build, process_id=index, addresses=sys.argv[2].split(";"))
+    except Exception as e:
+        cause = kascade_error_in(e)
+        # The supervisor reports this line, from whichever worker failed first.
+        print(f"{FAILURE_MARK}{index}: {cause or f'{type(e).__name__}: {e}'}", file=sys.stderr)
+        if cause is None:
+            traceback.print_exc()
+        return 1
     return 0
 
 

@@ -18,7 +18,7 @@ from typing import NoReturn
 
 from kascade import __version__, demo
 from kascade.dataflow import commands as runtime
-from kascade.errors import KascadeError
+from kascade.errors import KascadeError, kascade_error_in
 from kascade.toolchain import commands as toolchain
 
 # Modules only the [export] extra installs; importing one is how a toolchain command
@@ -79,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise
     except KeyboardInterrupt:
         return 130
+    except Exception as e:
+        cause = kascade_error_in(e)  # e.g. a sink's error, wrapped by Bytewax
+        if cause is None:
+            raise
+        print(f"kascade: {cause}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -56,6 +56,13 @@ class KafkaSettings(BaseModel):
         description="Further librdkafka properties, passed through unchanged.",
     )
     connect_timeout_s: float = Field(default=15.0, gt=0, le=600)
+    outage_tolerance_s: float = Field(
+        default=300.0,
+        gt=0,
+        le=86_400,
+        description="How long the running job rides through an unreachable cluster (it"
+        " retries, holding its records) before it exits non-zero saying so.",
+    )
     tail: bool = Field(
         default=True, description="Keep waiting for new records; false stops at the end."
     )

@@ -52,6 +52,15 @@ def test_a_failed_delivery_raises_instead_of_vanishing(kafka_bootstrap: str) -> 
         brokers=kafka_bootstrap,
         extra={"message.timeout.ms": "1500", "topic.metadata.refresh.interval.ms": "200"},
     )
-    part = DeliveryCheckedSink(settings, "no-such-topic-here", flush_timeout_s=10).build("s", 0, 1)
+    part = DeliveryCheckedSink(settings, "no-such-topic-here").build("s", 0, 1)
     with pytest.raises(DeliveryFailed, match="no-such-topic-here"):
         part.write_batch([(b"k", b"v")])
+
+
+def test_a_sink_waits_out_an_outage_up_to_the_tolerance_then_names_the_cause() -> None:
+    settings = KafkaSettings(brokers=f"127.0.0.1:{free_port()}", outage_tolerance_s=6)
+    part = DeliveryCheckedSink(settings, "t").build("s", 0, 1)
+    start = time.monotonic()
+    with pytest.raises(KafkaUnavailable, match=r"Kafka unreachable for \d+ s .*1 records to t"):
+        part.write_batch([(b"k", b"v")])
+    assert 6 <= time.monotonic() - start < 20
