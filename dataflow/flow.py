@@ -24,6 +24,7 @@ from kascade.operators.validate import Received, kafka_errors, validate
 from kascade.schemas import CascadeUse, DeadLetter, ModelIdentity
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch
 from kascade.schemas.manifest import TOKENIZER
+from kascade.schemas.quarantine import Coordinates, Quarantine
 from kascade.schemas.settings import Settings
 
 from kascade.errors import UsageError
@@ -31,11 +32,21 @@ from kascade.errors import UsageError
 log = logging.getLogger(__name__)
 
 
+def condemned(settings: Settings) -> dict[Coordinates, str]:
+    """Records that killed worker processes too often to be read again (by position)."""
+    if settings.recovery_dir is None:
+        return {}
+    quarantine = Quarantine.load(settings.recovery_dir)
+    return quarantine.condemned(after=settings.restarts.quarantine_after)
+
+
 def ingest(flow: Dataflow, settings: Settings) -> tuple[Stream[Received], Stream[DeadLetter]]:
     """Kafka input decoded into documents, plus dead letters for what could not be read."""
     raw = op.input("kafka_in", flow, source(settings.kafka, [settings.kafka.input_topic]))
     split = op.branch("kafka_ok", raw, lambda m: not isinstance(m, KafkaError))
-    checked = validate("validate", split.trues, max_bytes=settings.max_text_bytes)
+    checked = validate(
+        "validate", split.trues, max_bytes=settings.max_text_bytes, condemned=condemned(settings)
+    )
     consumer_errors = kafka_errors("kafka_errors", split.falses)  # type: ignore[arg-type]
     return checked.docs, op.merge("dead", checked.dead, consumer_errors)
 

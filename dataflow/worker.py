@@ -1,20 +1,37 @@
 """One worker process of a multi-process run: ``python -m kascade.dataflow.worker ID ADDRESSES``.
 
-Reads the pickled ``(settings, flow builder)`` from stdin (so credentials never appear
-in argv or the environment) and runs process ``ID`` of the cluster ``ADDRESSES``
-(``host:port;host:port;...``, the same list and order on every process).
+Reads the pickled ``(settings, flow builder, restarts so far)`` from stdin (so
+credentials never appear in argv or the environment) and runs process ``ID`` of the
+cluster ``ADDRESSES`` (``host:port;host:port;...``, the same list and order on every
+process).
 """
 
 from __future__ import annotations
 
+import ctypes
 import logging
+import os
 import pickle
+import signal
 import sys
 import traceback
 
-from kascade.dataflow.runner import FAILURE_MARK, run_process
+from kascade.dataflow.runner import run_process
+from kascade.dataflow.supervisor import FAILURE_MARK, FATAL_EXIT, Orders, notes_dir
+from kascade.operators import inflight, metrics
 
 from kascade.errors import kascade_error_in
+
+
+def _die_with(supervisor_pid: int) -> None:
+    """Die when the supervisor does (``kill -9`` of the job must not leave workers that
+    go on reading): Linux delivers SIGKILL to this process when its parent exits."""
+    if not sys.platform.startswith("linux"):
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != supervisor_pid:  # it died before the line above
+        os._exit(1)
 
 
 def main() -> int:
@@ -26,17 +43,23 @@ def main() -> int:
         return 2
     logging.basicConfig(level=logging.WARNING)
     logging.getLogger("kascade.rdkafka").setLevel(logging.ERROR)
-    settings, build = pickle.loads(bytes.fromhex(sys.stdin.read()))
+    orders: Orders = pickle.loads(bytes.fromhex(sys.stdin.read()))
+    _die_with(orders.supervisor_pid)
     index = int(sys.argv[1])
+    settings = orders.settings
+    metrics.RESTARTS.set(orders.restarts)
+    if settings.recovery_dir is not None:
+        inflight.track(notes_dir(settings.recovery_dir) / str(index))
     try:
-        run_process(settings, build, process_id=index, addresses=sys.argv[2].split(";"))
+        run_process(settings, orders.build, process_id=index, addresses=sys.argv[2].split(";"))
     except Exception as e:
         cause = kascade_error_in(e)
         # The supervisor reports this line, from whichever worker failed first.
         print(f"{FAILURE_MARK}{index}: {cause or f'{type(e).__name__}: {e}'}", file=sys.stderr)
         if cause is None:
             traceback.print_exc()
-        return 1
+            return 1
+        return FATAL_EXIT
     return 0
 
 

@@ -26,7 +26,7 @@ import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
-from kascade.operators import metrics
+from kascade.operators import inflight, metrics
 from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.encoder import Encoder, softmax
 from kascade.operators.full_model import worker_encoder
@@ -169,7 +169,8 @@ class CascadeLogic(StatefulLogic[ChunkTask, "ChunkResult | Escalation", CascadeS
         if value.index not in s.verdicts:  # a replayed chunk is not classified twice
             s.tasks[value.index] = value
             try:
-                s.verdicts[value.index] = self.cheap(value)
+                with inflight.inside(value.doc.source, "cascade"):
+                    s.verdicts[value.index] = self.cheap(value)
             except Exception:  # the cheap stages are an optimisation: the full model decides
                 metrics.CHEAP_FAILURES.inc()
                 s.verdicts[value.index] = Verdict("uncertain", None)

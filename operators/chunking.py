@@ -18,7 +18,7 @@ from pathlib import Path
 import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
-from kascade.operators import metrics
+from kascade.operators import inflight, metrics
 from kascade.operators.encoder import load_tokenizer
 from kascade.operators.items import ChunkTask, DocMeta
 from kascade.operators.validate import Received, failure
@@ -147,7 +147,7 @@ def split(
 ) -> list[ChunkTask | DocMeta | DeadLetter]:
     """A document's chunks, its metadata alone (no tokens), or a dead letter; never raises."""
     metrics.DOCS_IN.inc()
-    with metrics.STAGE_SECONDS.labels("chunk").time():
+    with metrics.STAGE_SECONDS.labels("chunk").time(), inflight.inside(r.position, stage):
         try:
             chunks = chunk_text(
                 r.doc.text,

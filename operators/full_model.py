@@ -10,7 +10,7 @@ from pathlib import Path
 import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
-from kascade.operators import metrics
+from kascade.operators import inflight, metrics
 from kascade.operators.encoder import Encoder, Graphs, load_model_dir, softmax
 from kascade.operators.items import ChunkResult, ChunkTask, Escalation
 from kascade.schemas.settings import EncoderSettings
@@ -50,8 +50,13 @@ def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list
     groups += [plain[i : i + micro_batch] for i in range(0, len(plain), micro_batch)]
     out: list[ChunkResult] = []
     for group in groups:
+        # A crash inside a padded batch names no single record, so only singles are noted.
+        suspect = group[0][0].doc.source if len(group) == 1 else None
         try:
-            with metrics.STAGE_SECONDS.labels("full_model").time():
+            with (
+                metrics.STAGE_SECONDS.labels("full_model").time(),
+                inflight.inside(suspect, "full_model"),
+            ):
                 if group[0][1] is not None:
                     hidden = group[0][1]
                     mask = np.ones(hidden.shape[:2], dtype=np.int64)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
@@ -29,3 +29,7 @@ CHUNKS_SETTLED = Counter(
     "kascade_chunks_settled_total", "Chunks settled without the full model", ["stage"]
 )
 AUDITS = Counter("kascade_audits_total", "Settled chunks re-checked by the full model", ["agree"])
+RESTARTS = Gauge(
+    "kascade_worker_restarts",
+    "Times the supervisor restarted this run's worker processes from the last snapshot",
+)

@@ -14,12 +14,15 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError, KafkaSourceMessage
 from bytewax.dataflow import Stream, operator
+from kascade.operators import inflight
 from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, SourcePosition
+from kascade.schemas.quarantine import Coordinates
 from pydantic import ValidationError
 
 RawMessage = KafkaSourceMessage[bytes | None, bytes | None]
@@ -142,19 +145,42 @@ def failure(e: BaseException) -> str:
     return f"{type(e).__name__}: {e}"
 
 
-def check(msg: RawMessage, *, max_bytes: int, stage: str) -> Received | DeadLetter:
-    """One Kafka message as a document or a dead letter; never raises."""
+def check(
+    msg: RawMessage,
+    *,
+    max_bytes: int,
+    stage: str,
+    condemned: Mapping[Coordinates, str] | None = None,
+) -> Received | DeadLetter:
+    """One Kafka message as a document or a dead letter; never raises.
+
+    ``condemned`` names records that killed worker processes before (by topic,
+    partition, offset, with why): they are dead-lettered unread.
+    """
     position = _position(msg)
     ts = _timestamp_ms(msg)
+    if condemned and position is not None:
+        why = condemned.get((position.topic, position.partition, position.offset))
+        if why is not None:
+            return DeadLetter.of(
+                DeadLetterReason.WORKER_DIED,
+                why,
+                stage=stage,
+                raw=msg.value,
+                key=msg.key,
+                source=position,
+                timestamp_ms=ts,
+            )
     try:
-        result = decode(
-            msg.value,
-            key=msg.key,
-            position=position,
-            max_bytes=max_bytes,
-            timestamp_ms=ts,
-            stage=stage,
-        )
+        with inflight.inside(position, stage):
+            result = decode(
+                msg.value,
+                key=msg.key,
+                position=position,
+                max_bytes=max_bytes,
+                timestamp_ms=ts,
+                stage=stage,
+            )
     except Exception as e:  # whatever else a record can do to a parser is data too
         return DeadLetter.of(
             DeadLetterReason.PROCESSING,
@@ -184,10 +210,15 @@ def validate(
     step_id: str,
     up: Stream[RawMessage],
     max_bytes: int,
+    condemned: Mapping[Coordinates, str] | None = None,
 ) -> ValidateOut:
     """Decode every Kafka message into a :class:`Received` or a :class:`DeadLetter`."""
 
-    checked = op.map("check", up, functools.partial(check, max_bytes=max_bytes, stage=step_id))
+    checked = op.map(
+        "check",
+        up,
+        functools.partial(check, max_bytes=max_bytes, stage=step_id, condemned=condemned),
+    )
     split = op.branch("split", checked, lambda x: isinstance(x, Received))
     return ValidateOut(docs=split.trues, dead=split.falses)  # type: ignore[arg-type]
 

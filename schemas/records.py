@@ -151,6 +151,7 @@ class DeadLetterReason(StrEnum):
     TOO_LONG = "too_long"
     KAFKA_ERROR = "kafka_error"
     PROCESSING = "processing"
+    WORKER_DIED = "worker_died"  # the process died on it repeatedly (see restarts)
 
 
 class SourcePosition(BaseModel):

@@ -187,6 +187,30 @@ class CascadeSettings(BaseModel):
     )
 
 
+class RestartSettings(BaseModel):
+    """How ``kascade run --recovery-dir`` brings back worker processes that died."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    limit: int = Field(
+        default=5,
+        ge=0,
+        description="Restarts in a row before the job gives up and exits; 0: never restart.",
+    )
+    backoff_s: float = Field(
+        default=1.0, gt=0, le=3600, description="Wait before the first restart; doubles."
+    )
+    backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
+    healthy_after_s: float = Field(
+        default=300.0, gt=0, description="A run this long resets the count and the wait."
+    )
+    quarantine_after: int = Field(
+        default=2,
+        ge=1,
+        description="Worker deaths on one record before it is dead-lettered, not retried.",
+    )
+
+
 class Settings(BaseSettings):
     """Everything a kascade run needs, validated before anything starts."""
 
@@ -210,6 +234,7 @@ class Settings(BaseSettings):
         default=None, description="Bytewax recovery store; enables resuming after a crash."
     )
     snapshot_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    restarts: RestartSettings = Field(default_factory=RestartSettings)
     metrics_port: int | None = Field(
         default=None, ge=1, le=65535, description="Prometheus port of process 0 (+i for i)."
     )

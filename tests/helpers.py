@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 from confluent_kafka import Producer
-from kascade.schemas import InputDocument
+from kascade.dataflow.consume import read_all
+from kascade.schemas import InputDocument, OutputRecord
 from kascade.schemas.settings import ChunkSettings, KafkaSettings
 from tiny_models import CORPUS
 
@@ -50,4 +52,63 @@ def texts(n: int) -> list[str]:
     """Mixed-topic sentences from the corpus, for calibration."""
     return [
         f"{CORPUS[i % 13]} and {CORPUS[(i * 7 + 3) % 13]} {CORPUS[(i * 5) % 13]}" for i in range(n)
+    ]
+
+
+def kascade_run(
+    settings: KafkaSettings,
+    model_dir: Path,
+    *extra: str,
+    program: tuple[str, ...] = ("-m", "kascade"),
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen:
+    """``kascade run`` on ``settings``'s topics in a fresh process (small chunks), its
+    stdout and stderr piped; ``program`` replaces ``-m kascade`` (a test's own flow)."""
+    args = [
+        sys.executable,
+        *program,
+        "run",
+        "--brokers",
+        settings.brokers,
+        "--input-topic",
+        settings.input_topic,
+        "--output-topic",
+        settings.output_topic,
+        "--dead-letter-topic",
+        settings.dead_letter_topic,
+        "--model-dir",
+        str(model_dir),
+        "--chunk-tokens",
+        "64",
+        "--overlap",
+        "8",
+        *extra,
+    ]
+    return subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+
+
+def output_count(settings: KafkaSettings) -> int:
+    """Records on the output topic now, from partition watermarks (cheap to poll)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer({"bootstrap.servers": settings.brokers, "group.id": "kascade-test-count"})
+    try:
+        parts = (
+            c.list_topics(settings.output_topic, timeout=10)
+            .topics[settings.output_topic]
+            .partitions
+        )
+        return sum(
+            c.get_watermark_offsets(TopicPartition(settings.output_topic, p), timeout=10)[1]
+            for p in parts
+        )
+    finally:
+        c.close()
+
+
+def output_ids(settings: KafkaSettings) -> list[str]:
+    return [
+        OutputRecord.model_validate_json(v).id for _, v in read_all(settings, settings.output_topic)
     ]

@@ -4,70 +4,17 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import documents, kascade_cli, produce
-from kascade.dataflow.consume import read_all
+from helpers import documents, kascade_cli, kascade_run, output_count, output_ids, produce
 from kascade.dataflow.local_broker import free_port
-from kascade.schemas import InputDocument, OutputRecord
+from kascade.schemas import InputDocument
 from kascade.schemas.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
-
-
-def kascade_run(settings: KafkaSettings, model_dir: Path, *extra: str) -> subprocess.Popen:
-    args = [
-        sys.executable,
-        "-m",
-        "kascade",
-        "run",
-        "--brokers",
-        settings.brokers,
-        "--input-topic",
-        settings.input_topic,
-        "--output-topic",
-        settings.output_topic,
-        "--dead-letter-topic",
-        settings.dead_letter_topic,
-        "--model-dir",
-        str(model_dir),
-        "--chunk-tokens",
-        "64",
-        "--overlap",
-        "8",
-        *extra,
-    ]
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def output_count(settings: KafkaSettings) -> int:
-    """Records on the output topic now, from partition watermarks (cheap to poll)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    c = Consumer({"bootstrap.servers": settings.brokers, "group.id": "kascade-test-count"})
-    try:
-        parts = (
-            c.list_topics(settings.output_topic, timeout=10)
-            .topics[settings.output_topic]
-            .partitions
-        )
-        return sum(
-            c.get_watermark_offsets(TopicPartition(settings.output_topic, p), timeout=10)[1]
-            for p in parts
-        )
-    finally:
-        c.close()
-
-
-def output_ids(settings: KafkaSettings) -> list[str]:
-    return [
-        OutputRecord.model_validate_json(v).id for _, v in read_all(settings, settings.output_topic)
-    ]
 
 
 def test_two_worker_processes_classify_every_document(
