@@ -22,7 +22,14 @@ from bytewax.connectors.kafka import KafkaError as KafkaSourceError
 from bytewax.connectors.kafka import KafkaSource, KafkaSourceMessage
 from bytewax.inputs import FixedPartitionedSource, StatefulSourcePartition
 from bytewax.outputs import DynamicSink, StatelessSinkPartition
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from kascade.dataflow.health import LINK, FoldConnectionErrors, means_unreachable
 from kascade.schemas.settings import KafkaSettings
@@ -34,6 +41,11 @@ log = logging.getLogger(__name__)
 # reconnect attempts become state changes of the process's link to the cluster.
 rdkafka_log = logging.getLogger("kascade.rdkafka")
 rdkafka_log.addFilter(FoldConnectionErrors())
+# The start-up checks' clients: a broker they cannot reach is their one-line error, so
+# librdkafka's view of the same failure is not shown.
+_startup_log = logging.getLogger("kascade.rdkafka.startup")
+_startup_log.propagate = False
+_startup_log.addHandler(logging.NullHandler())
 # Set on SIGTERM/SIGINT: sources end as if their input had, so the flow drains.
 DRAIN = threading.Event()
 # How often a waiting sink wakes to check the outage against its tolerance.
@@ -81,7 +93,7 @@ def check_cluster(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, i
     forever in ``list_topics`` when the broker is down.
     """
     check_client_config(settings)
-    admin = AdminClient(client_config(settings))
+    admin = AdminClient(settings.client_config() | {"logger": _startup_log})
     meta = _cluster_metadata(admin, settings)
     found: dict[str, int] = {}
     missing = []
@@ -111,7 +123,7 @@ def _cluster_metadata(admin: AdminClient, settings: KafkaSettings) -> Any:
 
 def accepted_record_bytes(settings: KafkaSettings, topics: Iterable[str]) -> int:
     """The largest record every one of ``topics`` and kascade's producer accept."""
-    admin = AdminClient(client_config(settings))
+    admin = AdminClient(settings.client_config() | {"logger": _startup_log})
     resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
     limits = [int(settings.extra.get("message.max.bytes", 1_000_000))]
     try:
@@ -176,6 +188,9 @@ def source(settings: KafkaSettings, topics: list[str]) -> ByteBudgetSource:
         brokers,
         topics,
         tail=settings.tail,
+        # No consumer group commits: without a recovery store a restart reads every
+        # partition from its beginning again, so it may classify twice, never skip.
+        starting_offset=OFFSET_BEGINNING,
         add_config=config,
         batch_size=settings.batch_size,
         raise_on_errors=False,
