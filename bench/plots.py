@@ -83,6 +83,30 @@ def cascade(result: dict, out: Path) -> Path:
     return _save(fig, out / "cascade.png")
 
 
+def soak(result: dict, out: Path) -> Path:
+    samples = result["samples"]
+    t = [s["t_s"] / 60 for s in samples]
+    fig, (mem, rate) = plt.subplots(2, 1, figsize=(6, 5), sharex=True)
+    for name in samples[0]["rss_mb"]:
+        mem.plot(t, [s["rss_mb"].get(name) for s in samples], label=name)
+    mem.set_ylabel("RSS (MB)")
+    mem.set_ylim(bottom=0)
+    mem.legend(fontsize=8)
+    mem.set_title("Soak: kascade run --workers 2 at saturation")
+    minute = {}
+    for s in samples:
+        minute.setdefault(int(s["t_s"] // 60), s)
+    ks = sorted(minute)[:-1]
+    rates = [
+        (minute[k + 1]["labels"] - minute[k]["labels"]) / (minute[k + 1]["t_s"] - minute[k]["t_s"])
+        for k in ks
+    ]
+    rate.bar([k + 0.5 for k in ks], rates, width=0.8)
+    rate.set_ylabel("documents/s (per minute)")
+    rate.set_xlabel("minutes")
+    return _save(fig, out / "soak.png")
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
@@ -115,6 +139,8 @@ def main() -> None:
         made.append(scaling(sc, args.out))
     if (cc := _load(args.runs / "cascade-e0.05.json")) is not None:
         made.append(cascade(cc, args.out))
+    if (sk := _load(args.runs / "soak.json")) is not None:
+        made.append(soak(sk, args.out))
     for m in made:
         print(m)
 
