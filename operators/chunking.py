@@ -159,7 +159,11 @@ def split(
             )
         except ChunkLimitExceeded as e:
             return [r.dead_letter(DeadLetterReason.TOO_LONG, str(e), stage)]
-        except Exception as e:  # a tokenizer that rejects a string rejects one record
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:
+            # A tokenizer that rejects a string rejects one record; a panic in its Rust
+            # code reaches Python as pyo3's PanicException, a BaseException.
             return [r.dead_letter(DeadLetterReason.PROCESSING, failure(e), stage)]
     meta = DocMeta(
         id=r.doc.id,

@@ -105,3 +105,40 @@ def test_a_saved_truncation_setting_does_not_cut_documents(tmp_path) -> None:
         max_chunks=50,
     )
     assert sum(c.n_tokens - 2 for c in chunks) == 100
+
+
+class RustPanic(BaseException):
+    """What pyo3 raises when a tokenizer's Rust code panics: not an Exception."""
+
+
+class PanickingTokenizer:
+    def __init__(self, real) -> None:
+        self.real = real
+
+    def __getattr__(self, name: str):
+        return getattr(self.real, name)
+
+    def encode(self, *args, **kwargs):
+        raise RustPanic("index out of bounds: the len is 9854 but the index is 9855")
+
+
+def test_a_tokenizer_that_panics_dead_letters_the_record_instead_of_stopping_the_job(
+    tokenizer,
+) -> None:
+    from kascade.operators.chunking import split
+    from kascade.operators.validate import Received
+    from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, SourcePosition
+    from kascade.schemas.settings import ChunkSettings
+
+    doc = InputDocument(id="d", text="any text")
+    r = Received(
+        doc=doc,
+        position=SourcePosition(topic="in", partition=0, offset=3),
+        timestamp_ms=None,
+        raw=doc.model_dump_json().encode(),
+    )
+    specials = SpecialTokens.of(tokenizer)
+    (dead,) = split(r, PanickingTokenizer(tokenizer), specials, ChunkSettings(), stage="chunk")
+    assert isinstance(dead, DeadLetter)
+    assert dead.reason is DeadLetterReason.PROCESSING
+    assert dead.detail.startswith("RustPanic: index out of bounds")

