@@ -69,6 +69,7 @@ def test_the_wheel_installs_one_top_level_package_kascade(wheel: Path) -> None:
         assert f"kascade/{part}/__init__.py" in names
     assert "kascade/schemas/json/output.schema.json" in names
     assert "kascade/demo/documents.jsonl" in names
+    assert "kascade/demo/unlabeled.txt" in names
 
 
 def test_the_runtime_install_has_no_toolchain_and_the_runtime_never_imports_it(

@@ -31,6 +31,7 @@ from kascade.schemas.settings import KafkaSettings, Settings
 HERE = Path(__file__).parent
 SAMPLES = HERE / "documents.jsonl"
 TRAIN = HERE / "train.tsv"
+UNLABELED = HERE / "unlabeled.txt"
 
 
 def model_cache() -> Path:
@@ -63,7 +64,7 @@ def demo_model() -> Path:
     """The demo's model directory, built by the toolchain on first use and cached."""
     from kascade.toolchain.demo_model import ensure_demo_model
 
-    return ensure_demo_model(model_cache(), TRAIN)
+    return ensure_demo_model(model_cache(), TRAIN, UNLABELED)
 
 
 def save_model(dest: Path) -> int:
@@ -94,6 +95,11 @@ def _chunking_of(model_dir: Path) -> dict:
     return {"max_tokens": c.max_tokens, "overlap": c.overlap}
 
 
+def settled_cheaply(rec: OutputRecord) -> int:
+    c = rec.chunks
+    return c.settled_s0 + c.settled_s1 + c.skipped
+
+
 def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path | None) -> int:
     console = Console()
     model_dir = model_dir or demo_model()
@@ -116,8 +122,9 @@ def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path |
         texts = {json.loads(d)["id"]: json.loads(d)["text"] for d in docs}
         out = [OutputRecord.model_validate_json(v) for _, v in read_all(kafka, kafka.output_topic)]
         table = Table(title=f"{kafka.output_topic}: {len(out)} records ({model_dir.name})")
-        for col in ("id", "label", "score", "chunks", "ms", "text"):
-            table.add_column(col, justify="right" if col in ("score", "chunks", "ms") else "left")
+        numeric = ("score", "chunks", "cheap", "ms")
+        for col in ("id", "label", "score", "chunks", "cheap", "ms", "text"):
+            table.add_column(col, justify="right" if col in numeric else "left")
         for rec in sorted(out, key=lambda r: r.id):
             text = texts.get(rec.id, "").strip()
             table.add_row(
@@ -125,10 +132,17 @@ def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path |
                 rec.label or "(no text)",
                 f"{rec.score:.2f}",
                 str(rec.chunks.total),
+                str(settled_cheaply(rec)),
                 f"{rec.latency_ms:.0f}",
-                text[:48] + ("…" if len(text) > 48 else ""),
+                text[:40] + ("…" if len(text) > 40 else ""),
             )
         console.print(table)
+        total = sum(r.chunks.total for r in out)
+        cheap = sum(settled_cheaply(r) for r in out)
+        console.print(
+            f"cascade {out[0].cascade.value if out else 'off'}: {cheap} of {total} chunks"
+            " settled without the full model (cheap = S0 + S1 + skipped)"
+        )
 
         dead = [
             DeadLetter.model_validate_json(v) for _, v in read_all(kafka, kafka.dead_letter_topic)
