@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
@@ -67,14 +68,28 @@ def test_a_worker_killed_with_kill_9_is_restarted_from_the_snapshot_and_nothing_
 ) -> None:
     docs = many(300)
     send(kafka_settings, docs)
+    port = free_port()
     recovery = ("--recovery-dir", str(tmp_path / "recovery"), *FAST_RESTARTS)
-    job = kascade_run(kafka_settings, exported["bert"], "--workers", "2", "--bounded", *recovery)
-    wait_for_outputs(kafka_settings, 100, job, timeout_s=120)
-    workers_of(job)[1].kill()
-    _, err = job.communicate(timeout=600)
+    job = kascade_run(
+        kafka_settings, exported["bert"], "--workers", "2", "--metrics-port", str(port), *recovery
+    )  # tails
+    try:
+        wait_for_outputs(kafka_settings, 100, job, timeout_s=120)
+        workers_of(job)[1].kill()
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and set(output_ids(kafka_settings)) != {
+            d.id for d in docs
+        }:
+            assert job.poll() is None, "the job exited after losing a worker"
+            time.sleep(0.5)
+        assert set(output_ids(kafka_settings)) == {d.id for d in docs}
+        metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        assert b"kascade_worker_restarts 1.0" in metrics
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
     assert job.returncode == 0, err
     assert "worker 1 was killed by SIGKILL; restarting the workers" in err
-    assert set(output_ids(kafka_settings)) == {d.id for d in docs}
 
 
 def test_a_record_that_kills_its_worker_every_time_is_dead_lettered_and_the_job_goes_on(
