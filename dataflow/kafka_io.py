@@ -41,8 +41,6 @@ log = logging.getLogger(__name__)
 # reconnect attempts become state changes of the process's link to the cluster.
 rdkafka_log = logging.getLogger("kascade.rdkafka")
 rdkafka_log.addFilter(FoldConnectionErrors())
-# The start-up checks' clients: a broker they cannot reach is their one-line error, so
-# librdkafka's view of the same failure is not shown.
 _startup_log = logging.getLogger("kascade.rdkafka.startup")
 _startup_log.propagate = False
 _startup_log.addHandler(logging.NullHandler())
@@ -55,6 +53,13 @@ _FLUSH_SLICE_S = 5.0
 def client_config(settings: KafkaSettings) -> dict[str, Any]:
     """librdkafka settings for any client this process creates, logging through Python."""
     return settings.client_config() | {"logger": rdkafka_log}
+
+
+def _startup_config(settings: KafkaSettings) -> dict[str, Any]:
+    # The start-up checks' clients: a broker they cannot reach is their one-line error,
+    # so librdkafka's view of the same failure (which can arrive first on a loaded
+    # machine) is not shown.
+    return settings.client_config() | {"logger": _startup_log}
 
 
 KeyValue = tuple[bytes | str | None, bytes]
@@ -78,7 +83,7 @@ def check_client_config(settings: KafkaSettings) -> None:
         ("producer", lambda c: Producer(SINK_CONFIG | c)),
     ):
         try:
-            client = make(client_config(settings))
+            client = make(_startup_config(settings))
         except (KafkaException, ValueError, TypeError) as e:
             reason = e.args[0].str() if e.args and isinstance(e.args[0], KafkaError) else e
             raise UsageError(f"invalid Kafka {kind} settings (kafka.extra?): {reason}") from None
@@ -93,7 +98,7 @@ def check_cluster(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, i
     forever in ``list_topics`` when the broker is down.
     """
     check_client_config(settings)
-    admin = AdminClient(settings.client_config() | {"logger": _startup_log})
+    admin = AdminClient(_startup_config(settings))
     meta = _cluster_metadata(admin, settings)
     found: dict[str, int] = {}
     missing = []
@@ -123,7 +128,7 @@ def _cluster_metadata(admin: AdminClient, settings: KafkaSettings) -> Any:
 
 def accepted_record_bytes(settings: KafkaSettings, topics: Iterable[str]) -> int:
     """The largest record every one of ``topics`` and kascade's producer accept."""
-    admin = AdminClient(settings.client_config() | {"logger": _startup_log})
+    admin = AdminClient(_startup_config(settings))
     resources = [ConfigResource(ResourceType.TOPIC, t) for t in topics]
     limits = [int(settings.extra.get("message.max.bytes", 1_000_000))]
     try:
