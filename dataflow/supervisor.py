@@ -162,12 +162,9 @@ def _start_once(
     while any(p.poll() is None for p in procs):
         failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
         if failed and not stopping.is_set():
-            index = _first_failure(procs, failed, relay)
-            code = procs[index].returncode
             _terminate(procs)
             relay.join()
-            suspect = None if notes is None else inflight.read(notes / str(index))
-            return Ending(_cause(relay, index, code), code == FATAL_EXIT, suspect)
+            return _failure(procs, failed, relay, notes)
         if stopping.is_set():
             deadline = deadline or time.monotonic() + DRAIN_S
             if time.monotonic() > deadline:
@@ -176,11 +173,17 @@ def _start_once(
         time.sleep(0.2)
     relay.join()
     failed = [i for i, p in enumerate(procs) if p.returncode]
-    if failed:
-        index = _first_failure(procs, failed, relay)
-        code = procs[index].returncode
-        return Ending(_cause(relay, index, code), code == FATAL_EXIT)
-    return Ending()
+    return _failure(procs, failed, relay, notes) if failed else Ending()
+
+
+def _failure(
+    procs: list[subprocess.Popen], failed: list[int], relay: _Relay, notes: Path | None
+) -> Ending:
+    """The ending told by the worker that failed first, with the record it died inside."""
+    index = _first_failure(procs, failed, relay)
+    code = procs[index].returncode
+    suspect = None if notes is None else inflight.read(notes / str(index))
+    return Ending(_cause(relay, index, code), code == FATAL_EXIT, suspect)
 
 
 def _first_failure(procs: list[subprocess.Popen], failed: list[int], relay: _Relay) -> int:
