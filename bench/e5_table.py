@@ -13,11 +13,9 @@ import json
 import statistics
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 from kascade.schemas.files import write_text_atomically
+
+from bench.plots import plt, save  # plots selects the Agg backend before pyplot loads
 
 
 def by_variant(eval_dir: Path) -> dict[str, dict[str, dict]]:
@@ -66,12 +64,7 @@ def plot(rows: dict[str, dict[str, dict]], out: Path) -> Path:
     agree.legend(fontsize=7, ncol=3)
     agree.set_title("multilingual-e5-small (English fine-tune), held-out SIB-200 by language")
     plt.setp(f1.get_xticklabels(), rotation=60, ha="right", fontsize=8)
-    fig.tight_layout()
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    return save(fig, out)
 
 
 def main() -> None:

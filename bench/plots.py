@@ -36,7 +36,7 @@ def quantization(latency: dict, out: Path) -> Path:
     ax.set_title("mmBERT-small architecture: quantization")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    return _save(fig, out / "quantization.png")
+    return save(fig, out / "quantization.png")
 
 
 def chunk_size(rows: list[dict], out: Path) -> Path:
@@ -51,7 +51,7 @@ def chunk_size(rows: list[dict], out: Path) -> Path:
     ax2.set_ylabel("peak RSS MB", color="tab:red")
     ax1.set_title("mmBERT-small int8-int4emb: cost by sequence length")
     ax1.grid(alpha=0.3)
-    return _save(fig, out / "chunk_size.png")
+    return save(fig, out / "chunk_size.png")
 
 
 def scaling(runs: dict[str, list[dict]], out: Path) -> Path:
@@ -66,7 +66,7 @@ def scaling(runs: dict[str, list[dict]], out: Path) -> Path:
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     ax.set_title("Parallel workers")
-    return _save(fig, out / "workers.png")
+    return save(fig, out / "workers.png")
 
 
 def cascade(result: dict, out: Path) -> Path:
@@ -80,7 +80,7 @@ def cascade(result: dict, out: Path) -> Path:
     )
     ax.set_ylabel("share of chunks")
     ax.set_title("Cascade: where chunks were settled")
-    return _save(fig, out / "cascade.png")
+    return save(fig, out / "cascade.png")
 
 
 def soak(result: dict, out: Path) -> Path:
@@ -104,10 +104,11 @@ def soak(result: dict, out: Path) -> Path:
     rate.bar([k + 0.5 for k in ks], rates, width=0.8)
     rate.set_ylabel("documents/s (per minute)")
     rate.set_xlabel("minutes")
-    return _save(fig, out / "soak.png")
+    return save(fig, out / "soak.png")
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
+    """Write ``fig`` as a PNG at ``path`` (atomically) and close it."""
     fig.tight_layout()
     tmp = path.with_suffix(".tmp.png")
     fig.savefig(tmp, dpi=110)
