@@ -7,13 +7,25 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from kascade.dataflow.kafka_io import client_config
+from kascade.operators.items import Outgoing
 from kascade.schemas.settings import KafkaSettings
 
 
 def read_all(
     settings: KafkaSettings, topic: str, *, expect: int | None = None, timeout_s: float = 30.0
 ) -> list[tuple[bytes | None, bytes]]:
-    """Every ``(key, value)`` on ``topic`` now, or once ``expect`` records have arrived.
+    """Every ``(key, value)`` on ``topic`` now, or once ``expect`` records have arrived
+    (see :func:`read_records`)."""
+    return [
+        (r.key, r.value) for r in read_records(settings, topic, expect=expect, timeout_s=timeout_s)
+    ]
+
+
+def read_records(
+    settings: KafkaSettings, topic: str, *, expect: int | None = None, timeout_s: float = 30.0
+) -> list[Outgoing]:
+    """Every record on ``topic`` now (key, value, headers), or once ``expect`` records
+    have arrived.
 
     Without ``expect``, stops at the end of every partition; with it, keeps polling
     until that many records are read or ``timeout_s`` passes (then returns what it has).
@@ -31,7 +43,7 @@ def read_all(
         meta = consumer.list_topics(topic, timeout=settings.connect_timeout_s)
         parts = list(meta.topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
-        out: list[tuple[bytes | None, bytes]] = []
+        out: list[Outgoing] = []
         at_end: set[int] = set()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -49,7 +61,7 @@ def read_all(
                     continue
                 raise KafkaException(err)
             at_end.discard(msg.partition())
-            out.append((msg.key(), msg.value()))
+            out.append(Outgoing(msg.key(), msg.value(), msg.headers() or []))
         return out
     finally:
         consumer.close()

@@ -16,6 +16,7 @@ from kascade.operators import metrics
 from kascade.operators.cascade import Cascade, cascade
 from kascade.operators.chunking import chunk
 from kascade.operators.encoder import Loaded, load_model_dir
+from kascade.operators.formats import Reader, Writer
 from kascade.operators.full_model import classify
 from kascade.operators.items import ChunkResult
 from kascade.operators.reduce import Labeling, assemble
@@ -44,8 +45,15 @@ def ingest(flow: Dataflow, settings: Settings) -> tuple[Stream[Received], Stream
     """Kafka input decoded into documents, plus dead letters for what could not be read."""
     raw = op.input("kafka_in", flow, source(settings.kafka, [settings.kafka.input_topic]))
     split = op.branch("kafka_ok", raw, lambda m: not isinstance(m, KafkaError))
+    reader = Reader(
+        settings.input, settings.registry, keep_event=settings.output.shape == "enriched"
+    )
     checked = validate(
-        "validate", split.trues, max_bytes=settings.max_text_bytes, condemned=condemned(settings)
+        "validate",
+        split.trues,
+        max_bytes=settings.max_text_bytes,
+        condemned=condemned(settings),
+        reader=reader,
     )
     consumer_errors = kafka_errors("kafka_errors", split.falses)  # type: ignore[arg-type]
     return checked.docs, op.merge("dead", checked.dead, consumer_errors)
@@ -151,8 +159,11 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
         results = classify("classify", spread, model.directory, settings.encoder)
     records = assemble("assemble", results, chunked.empty, labeling)
     limit = settings.kafka.record_limit()
+    writer = Writer(settings.output, settings.registry, settings.kafka.output_topic)
     serialized = op.map(
-        "serialize", records, lambda r: output_value(r, max_bytes=limit, stage="serialize")
+        "serialize",
+        records,
+        lambda r: output_value(r, writer, max_bytes=limit, stage="serialize"),
     )
     sendable = op.branch("sendable", serialized, lambda x: not isinstance(x, DeadLetter))
     op.output(

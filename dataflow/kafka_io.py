@@ -32,6 +32,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from kascade.dataflow.health import LINK, FoldConnectionErrors, means_unreachable
+from kascade.operators.items import Outgoing
 from kascade.schemas.settings import KafkaSettings
 
 from kascade.errors import KascadeError, UsageError
@@ -62,7 +63,6 @@ def _startup_config(settings: KafkaSettings) -> dict[str, Any]:
     return settings.client_config() | {"logger": _startup_log}
 
 
-KeyValue = tuple[bytes | str | None, bytes]
 # What every output producer adds: no duplicates from its own retries, small batches.
 SINK_CONFIG = {"enable.idempotence": "true", "linger.ms": "5"}
 
@@ -283,7 +283,7 @@ class ByteBudgetSource(FixedPartitionedSource[SourceItem, int | None]):
         return _ByteBudgetPartition(inner, self._max_bytes)
 
 
-class _DeliveryCheckedPartition(StatelessSinkPartition[KeyValue]):
+class _DeliveryCheckedPartition(StatelessSinkPartition[Outgoing]):
     def __init__(self, config: dict[str, Any], topic: str, tolerance_s: float):
         self._producer = Producer(config)
         self._topic = topic
@@ -304,13 +304,17 @@ class _DeliveryCheckedPartition(StatelessSinkPartition[KeyValue]):
         if self._error is not None:
             raise DeliveryFailed(self._error)
 
-    def write_batch(self, items: list[KeyValue]) -> None:
+    def write_batch(self, items: list[Outgoing]) -> None:
         self._raise_if_failed()
-        for key, value in items:
+        for item in items:
             while True:
                 try:
                     self._producer.produce(
-                        self._topic, value=value, key=key, on_delivery=self._on_delivery
+                        self._topic,
+                        value=item.value,
+                        key=item.key,
+                        headers=list(item.headers) or None,
+                        on_delivery=self._on_delivery,
                     )
                     break
                 except BufferError:
@@ -343,8 +347,8 @@ class _DeliveryCheckedPartition(StatelessSinkPartition[KeyValue]):
         self._flush()
 
 
-class DeliveryCheckedSink(DynamicSink[KeyValue]):
-    """Writes ``(key, value)`` pairs to one topic; a failed delivery raises, never vanishes.
+class DeliveryCheckedSink(DynamicSink[Outgoing]):
+    """Writes :class:`Outgoing` records to one topic; a failed delivery raises, never vanishes.
 
     Each worker gets its own producer; records keyed by document id land on the
     partition Kafka's partitioner picks for that key.

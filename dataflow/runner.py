@@ -21,6 +21,7 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 from kascade.dataflow.kafka_io import DRAIN, accepted_record_bytes, check_cluster
 from kascade.dataflow.supervisor import supervise
+from kascade.operators.registry import check_registry
 from kascade.schemas.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -96,8 +97,9 @@ def run_process(
 
 
 def run(settings: Settings, build: FlowBuilder) -> int:
-    """Check the cluster (raises :class:`~kascade.dataflow.kafka_io.KafkaUnavailable`),
-    then run.
+    """Check the cluster and the Schema Registry (raises
+    :class:`~kascade.dataflow.kafka_io.KafkaUnavailable`,
+    :class:`~kascade.operators.registry.RegistryUnavailable`), then run.
 
     With ``settings.addresses`` this process is process ``settings.process_id`` of a
     cluster spread over several hosts (every host runs the same command with its own
@@ -106,6 +108,7 @@ def run(settings: Settings, build: FlowBuilder) -> int:
     Returns a process exit status.
     """
     check_cluster(settings.kafka, required_topics(settings))
+    check_registry(settings.registry)
     settings = with_record_limit(settings)
     hosts = settings.cluster
     if hosts is not None:

@@ -11,6 +11,7 @@ it to a ``tokenizers`` encoding and keeps each chunk's character offsets.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,10 +174,11 @@ def split(
         timestamp_ms=r.timestamp_ms,
         source=r.position,
     )
+    first = dataclasses.replace(meta, envelope=r.envelope)
     if not chunks:
-        return [meta]
+        return [first]
     metrics.CHUNKS_IN.inc(len(chunks))
-    return [ChunkTask(meta, c.index, c.ids, c.n_tokens) for c in chunks]
+    return [ChunkTask(first if c.index == 0 else meta, c.index, c.ids, c.n_tokens) for c in chunks]
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,27 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from kascade.schemas import SourcePosition
+from kascade.schemas import KafkaHeaders, SourcePosition
+
+
+@dataclass(frozen=True)
+class Envelope:
+    """What an output record keeps of its input beyond the document: the Kafka key and
+    headers, and for enriched output the decoded event and the schema it was written with."""
+
+    key: bytes | None
+    headers: KafkaHeaders = ()
+    event: Any = None
+    schema_id: int | None = None  # the input's writer schema in the registry
+
+
+@dataclass(frozen=True)
+class Outgoing:
+    """A record for a Kafka topic."""
+
+    key: bytes | None
+    value: bytes
+    headers: KafkaHeaders = ()
 
 
 @dataclass(frozen=True)
@@ -19,6 +39,8 @@ class DocMeta:
     metadata: dict[str, Any] | None
     timestamp_ms: int | None
     source: SourcePosition | None = None  # where the document was read, for dead letters
+    # Only the first chunk carries it, so a large event is not copied with every chunk.
+    envelope: Envelope | None = None
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import numpy as np
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
 from kascade.operators.aggregation import STRATEGIES
-from kascade.operators.items import ChunkResult, DocMeta
+from kascade.operators.items import ChunkResult, DocMeta, Envelope
 from kascade.schemas import Aggregation, CascadeUse, ChunkCounts, ModelIdentity, OutputRecord
 
 
@@ -77,6 +77,8 @@ class Assembly:
 
     def add(self, result: ChunkResult) -> None:
         self.results[result.index] = result
+        if result.doc.envelope is not None:
+            self.meta = result.doc  # the first chunk's carries the input's envelope
 
     @property
     def complete(self) -> bool:
@@ -145,24 +147,36 @@ def label_or_degraded(
         )
 
 
+@dataclass(frozen=True)
+class Labeled:
+    """A document's output record and what its input record said besides the text."""
+
+    record: OutputRecord
+    envelope: Envelope | None = None
+
+
+def labeled(meta: DocMeta, results: list[ChunkResult], labeling: Labeling, now_ms: int) -> Labeled:
+    return Labeled(label_or_degraded(meta, results, labeling, now_ms), meta.envelope)
+
+
 @dataclass
-class AssembleLogic(StatefulLogic[ChunkResult, OutputRecord, Assembly]):
+class AssembleLogic(StatefulLogic[ChunkResult, Labeled, Assembly]):
     """Per document: collect chunk results; emit one record when all are in."""
 
     labeling: Labeling
     state: Assembly | None = None
     now_ms: Callable[[], int] = _wall_ms
 
-    def on_item(self, value: ChunkResult) -> tuple[list[OutputRecord], bool]:
+    def on_item(self, value: ChunkResult) -> tuple[list[Labeled], bool]:
         if self.state is None:
             self.state = Assembly(value.doc)
         self.state.add(value)
         if not self.state.complete:
             return [], StatefulLogic.RETAIN
-        record = label_or_degraded(
+        out = labeled(
             self.state.meta, list(self.state.results.values()), self.labeling, self.now_ms()
         )
-        return [record], StatefulLogic.DISCARD
+        return [out], StatefulLogic.DISCARD
 
     def snapshot(self) -> Assembly:
         assert self.state is not None
@@ -172,11 +186,9 @@ class AssembleLogic(StatefulLogic[ChunkResult, OutputRecord, Assembly]):
 @operator
 def assemble(
     step_id: str, results: Stream[ChunkResult], empty: Stream[DocMeta], labeling: Labeling
-) -> Stream[OutputRecord]:
-    """One :class:`OutputRecord` per document, from its chunk results (or none at all)."""
+) -> Stream[Labeled]:
+    """One :class:`Labeled` record per document, from its chunk results (or none at all)."""
     keyed = op.key_on("by_document", results, lambda r: r.doc.id)
     records = op.stateful("collect", keyed, lambda resume: AssembleLogic(labeling, resume))
-    no_chunks = op.map(
-        "no_chunks", empty, lambda meta: label_or_degraded(meta, [], labeling, _wall_ms())
-    )
+    no_chunks = op.map("no_chunks", empty, lambda meta: labeled(meta, [], labeling, _wall_ms()))
     return op.merge("documents", op.key_rm("unkey", records), no_chunks)

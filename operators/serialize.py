@@ -6,31 +6,43 @@ record that is too large becomes a dead letter pointing at its input, and a dead
 that is too large keeps its reason and source but carries only a prefix of the
 original value, with its size and sha256 (the value itself stays in the input topic).
 
->>> key, value = dead_letter_value(DeadLetter.of(DeadLetterReason.EMPTY, "no value",
-...     stage="s", raw=b"", key=b"k", source=None, timestamp_ms=None), max_bytes=10_000)
->>> key, DeadLetter.model_validate_json(value).reason.value
-(b'k', 'empty')
+Both carry the input record's headers, plus kascade's own (``kascade-label``,
+``kascade-model``, ``kascade-degraded``; ``kascade-reason`` on dead letters).
+
+>>> out = dead_letter_value(DeadLetter.of(DeadLetterReason.EMPTY, "no value",
+...     stage="s", raw=b"", key=b"k", source=None, timestamp_ms=None,
+...     headers=[("trace", b"t-1")]), max_bytes=10_000)
+>>> out.key, DeadLetter.model_validate_json(out.value).reason.value, out.headers
+(b'k', 'empty', [('trace', b't-1'), ('kascade-reason', b'empty')])
 """
 
 from __future__ import annotations
 
 from kascade.operators import metrics
+from kascade.operators.formats import HEADER_PREFIX, Writer, carried, kascade_headers
+from kascade.operators.items import Outgoing
+from kascade.operators.reduce import Labeled
 from kascade.schemas import DeadLetter, DeadLetterReason, OutputRecord
 
-KeyValue = tuple[bytes | None, bytes]
+from kascade.errors import KascadeError
 
 
-def output_value(record: OutputRecord, *, max_bytes: int, stage: str) -> KeyValue | DeadLetter:
-    """The output record's key and JSON, or a dead letter when it cannot be sent."""
+def output_value(
+    labeled: Labeled, writer: Writer, *, max_bytes: int, stage: str
+) -> Outgoing | DeadLetter:
+    """The document's output record for Kafka, or a dead letter when it cannot be sent."""
+    record, envelope = labeled.record, labeled.envelope
     try:
-        value = record.model_dump_json().encode()
-    except Exception as e:  # pragma: no cover - inputs are validated; belt and braces
+        value = writer.value(record, envelope)
+    except KascadeError:
+        raise  # the registry stayed unreachable past its tolerance: not this record's fault
+    except Exception as e:
         return _unsendable(
-            record, f"output record not serializable: {type(e).__name__}: {e}", stage
+            labeled, f"output record not serializable: {type(e).__name__}: {e}", stage
         )
     if len(value) > max_bytes:
         return _unsendable(
-            record,
+            labeled,
             f"output record is {len(value)} bytes; the broker accepts {max_bytes}"
             " (metadata passed through from the input is the usual cause)",
             stage,
@@ -38,26 +50,34 @@ def output_value(record: OutputRecord, *, max_bytes: int, stage: str) -> KeyValu
         )
     metrics.DOCS_OUT.labels(str(record.degraded).lower()).inc()
     metrics.DOC_LATENCY.observe(record.latency_ms / 1000)
-    return record.id.encode(), value
+    headers = carried(envelope.headers if envelope else (), *kascade_headers(record))
+    return Outgoing(writer.key(record, envelope), value, headers)
 
 
-def _unsendable(record: OutputRecord, detail: str, stage: str, value: bytes = b"") -> DeadLetter:
+def _unsendable(labeled: Labeled, detail: str, stage: str, value: bytes = b"") -> DeadLetter:
+    record: OutputRecord = labeled.record
+    envelope = labeled.envelope
     return DeadLetter.of(
         DeadLetterReason.OVERSIZE,
         detail,
         stage=stage,
         raw=value,
-        key=record.id.encode(),
+        key=envelope.key if envelope and envelope.key is not None else record.id.encode(),
         source=record.source,
         timestamp_ms=None,
+        headers=envelope.headers if envelope else (),
     )
 
 
-def dead_letter_value(dead: DeadLetter, *, max_bytes: int) -> KeyValue:
-    """The dead letter's key and JSON, cut down to fit ``max_bytes``."""
+def dead_letter_value(dead: DeadLetter, *, max_bytes: int) -> Outgoing:
+    """The dead letter for Kafka, cut down to fit ``max_bytes``, keyed and headed like
+    the original record."""
     metrics.DEAD_LETTERS.labels(dead.reason.value).inc()
     fitted = dead.fitted(max_bytes)
     key = fitted.original_key()
     if key is not None and len(key) > max_bytes // 4:
         key = None  # an outsized key (kept in key_b64's prefix) cannot be the record key
-    return key, fitted.model_dump_json().encode()
+    reason = (f"{HEADER_PREFIX}reason", dead.reason.value.encode())
+    return Outgoing(
+        key, fitted.model_dump_json().encode(), carried(fitted.original_headers(), reason)
+    )

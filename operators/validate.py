@@ -4,7 +4,7 @@ The pure core is :func:`decode`; :func:`validate` wraps it as a Bytewax operator
 splits a stream of Kafka messages into documents and dead letters.
 
 >>> pos = SourcePosition(topic="t", partition=0, offset=7)
->>> decode(b'{"id": "d1", "text": "hi"}', key=None, position=pos, max_bytes=100).id
+>>> decode(b'{"id": "d1", "text": "hi"}', key=None, position=pos, max_bytes=100).doc.id
 'd1'
 >>> decode(b'{"id": "d1"}', key=None, position=pos, max_bytes=100).reason.value
 'schema'
@@ -13,19 +13,32 @@ splits a stream of Kafka messages into documents and dead letters.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError, KafkaSourceMessage
 from bytewax.dataflow import Stream, operator
 from kascade.operators import inflight
-from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, SourcePosition
+from kascade.operators.formats import Read, Reader, Unreadable
+from kascade.operators.items import Envelope
+from kascade.schemas import (
+    DeadLetter,
+    DeadLetterReason,
+    InputDocument,
+    KafkaHeaders,
+    SourcePosition,
+)
+from kascade.schemas.events import InputSettings, RegistrySettings
 from kascade.schemas.quarantine import Coordinates
-from pydantic import ValidationError
+
+from kascade.errors import KascadeError
 
 RawMessage = KafkaSourceMessage[bytes | None, bytes | None]
+
+
+KASCADE_RECORDS = Reader(InputSettings(), RegistrySettings())
 
 
 def decode(
@@ -36,8 +49,11 @@ def decode(
     max_bytes: int,
     timestamp_ms: int | None = None,
     stage: str = "validate",
-) -> InputDocument | DeadLetter:
-    """A validated document, or a dead letter saying exactly why ``raw`` is not one."""
+    reader: Reader = KASCADE_RECORDS,
+    headers: KafkaHeaders = (),
+) -> Read | DeadLetter:
+    """The document in ``raw`` (read as ``reader`` says), or a dead letter saying
+    exactly why there is none."""
 
     def reject(reason: DeadLetterReason, detail: str) -> DeadLetter:
         return DeadLetter.of(
@@ -48,6 +64,7 @@ def decode(
             key=key,
             source=position,
             timestamp_ms=timestamp_ms,
+            headers=headers,
         )
 
     if raw is None or raw == b"":
@@ -57,51 +74,11 @@ def decode(
             DeadLetterReason.OVERSIZE, f"value is {len(raw)} bytes; the limit is {max_bytes}"
         )
     try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return reject(DeadLetterReason.NOT_UTF8, f"not UTF-8: {e}")
-    try:
-        parsed = json.loads(text)
-    except (ValueError, RecursionError) as e:
-        # JSONDecodeError is a ValueError, and so is an integer of more than 4,300 digits;
-        # nesting deeper than the interpreter's stack is a RecursionError.
-        return reject(DeadLetterReason.NOT_JSON, f"not JSON: {type(e).__name__}: {e}")
-    surrogate = _lone_surrogate(parsed)
-    if surrogate is not None:
-        return reject(DeadLetterReason.NOT_UTF8, surrogate)
-    try:
-        return InputDocument.model_validate(parsed)
-    except ValidationError as e:
-        return reject(DeadLetterReason.SCHEMA, _one_line(e))
-
-
-def _lone_surrogate(parsed: object) -> str | None:
-    """Why ``parsed`` holds text that is not Unicode (``None`` if it has none).
-
-    JSON may escape a lone surrogate (``"\\ud800"``); Python then holds a string that
-    no UTF-8 encoder, tokenizer or serializer downstream accepts.
-
-    >>> _lone_surrogate({"text": "ok \U0001f600"}) is None
-    True
-    >>> _lone_surrogate(json.loads('{"text": "x\\ud800"}'))
-    'text holds a lone surrogate (\\\\ud800): not Unicode text'
-    """
-    try:
-        json.dumps(parsed, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError as e:
-        escape = ascii(e.object[e.start : e.end])[1:-1]
-        return f"text holds a lone surrogate ({escape}): not Unicode text"
-    except (RecursionError, ValueError):
-        return "nested too deeply to check"
-    return None
-
-
-def _one_line(e: ValidationError) -> str:
-    parts = []
-    for err in e.errors(include_url=False, include_input=False):
-        where = ".".join(str(p) for p in err["loc"]) or "record"
-        parts.append(f"{where}: {err['msg']}")
-    return "; ".join(parts)
+        return reader.read(
+            raw, key=key, topic=None if position is None else position.topic, headers=headers
+        )
+    except Unreadable as e:
+        return reject(e.reason, e.detail)
 
 
 def _position(msg: RawMessage) -> SourcePosition | None:
@@ -126,6 +103,13 @@ class Received:
     timestamp_ms: int | None
     raw: bytes  # the original value, for a dead letter if a later stage rejects it
     key: bytes | None = None
+    headers: KafkaHeaders = ()
+    event: Any = None  # the decoded input event, kept for enriched output
+    schema_id: int | None = None
+
+    @property
+    def envelope(self) -> Envelope:
+        return Envelope(self.key, self.headers, self.event, self.schema_id)
 
     def dead_letter(self, reason: DeadLetterReason, detail: str, stage: str) -> DeadLetter:
         """A later stage's rejection of this record, with its original bytes."""
@@ -137,6 +121,7 @@ class Received:
             key=self.key,
             source=self.position,
             timestamp_ms=self.timestamp_ms,
+            headers=self.headers,
         )
 
 
@@ -151,26 +136,34 @@ def check(
     max_bytes: int,
     stage: str,
     condemned: Mapping[Coordinates, str] | None = None,
+    reader: Reader = KASCADE_RECORDS,
 ) -> Received | DeadLetter:
-    """One Kafka message as a document or a dead letter; never raises.
+    """One Kafka message as a document or a dead letter; raises only
+    :class:`KascadeError` (a registry unreachable for longer than tolerated).
 
     ``condemned`` names records that killed worker processes before (by topic,
     partition, offset, with why): they are dead-lettered unread.
     """
     position = _position(msg)
     ts = _timestamp_ms(msg)
+    headers = list(msg.headers or ())
+
+    def reject(reason: DeadLetterReason, detail: str) -> DeadLetter:
+        return DeadLetter.of(
+            reason,
+            detail,
+            stage=stage,
+            raw=msg.value,
+            key=msg.key,
+            source=position,
+            timestamp_ms=ts,
+            headers=headers,
+        )
+
     if condemned and position is not None:
         why = condemned.get((position.topic, position.partition, position.offset))
         if why is not None:
-            return DeadLetter.of(
-                DeadLetterReason.WORKER_DIED,
-                why,
-                stage=stage,
-                raw=msg.value,
-                key=msg.key,
-                source=position,
-                timestamp_ms=ts,
-            )
+            return reject(DeadLetterReason.WORKER_DIED, why)
     try:
         with inflight.inside(position, stage):
             result = decode(
@@ -180,21 +173,26 @@ def check(
                 max_bytes=max_bytes,
                 timestamp_ms=ts,
                 stage=stage,
+                reader=reader,
+                headers=headers,
             )
+    except KascadeError:
+        raise  # not about this record: the job cannot go on as configured
     except Exception as e:  # whatever else a record can do to a parser is data too
-        return DeadLetter.of(
-            DeadLetterReason.PROCESSING,
-            failure(e),
-            stage=stage,
-            raw=msg.value,
-            key=msg.key,
-            source=position,
-            timestamp_ms=ts,
-        )
+        return reject(DeadLetterReason.PROCESSING, failure(e))
     if isinstance(result, DeadLetter):
         return result
     assert msg.value is not None  # decode() dead-letters empty values
-    return Received(doc=result, position=position, timestamp_ms=ts, raw=msg.value, key=msg.key)
+    return Received(
+        doc=result.doc,
+        position=position,
+        timestamp_ms=ts,
+        raw=msg.value,
+        key=msg.key,
+        headers=headers,
+        event=result.event,
+        schema_id=result.schema_id,
+    )
 
 
 @dataclass(frozen=True)
@@ -211,13 +209,16 @@ def validate(
     up: Stream[RawMessage],
     max_bytes: int,
     condemned: Mapping[Coordinates, str] | None = None,
+    reader: Reader = KASCADE_RECORDS,
 ) -> ValidateOut:
     """Decode every Kafka message into a :class:`Received` or a :class:`DeadLetter`."""
 
     checked = op.map(
         "check",
         up,
-        functools.partial(check, max_bytes=max_bytes, stage=step_id, condemned=condemned),
+        functools.partial(
+            check, max_bytes=max_bytes, stage=step_id, condemned=condemned, reader=reader
+        ),
     )
     split = op.branch("split", checked, lambda x: isinstance(x, Received))
     return ValidateOut(docs=split.trues, dead=split.falses)  # type: ignore[arg-type]
@@ -239,6 +240,7 @@ def kafka_errors(
             key=msg.key,
             source=_position(msg),
             timestamp_ms=_timestamp_ms(msg),
+            headers=list(msg.headers or ()),
         )
 
     return op.map("to_dead_letter", up, to_dead_letter)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -20,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 _FROZEN_STRICT = ConfigDict(extra="forbid", frozen=True)
 MAX_DETAIL = 2000  # characters of a dead letter's detail
 PREFIX_BYTES = 4096  # of an original value too large to carry whole
+
+# Kafka record headers as confluent-kafka hands them over: (name, value or None).
+KafkaHeaders = Sequence[tuple[str, bytes | None]]
 
 DocumentId = Annotated[
     str,
@@ -132,6 +136,26 @@ class OutputRecord(BaseModel):
     )
 
 
+class Enrichment(BaseModel):
+    """What kascade adds to an enriched event (``output.shape = "enriched"``), under
+    ``output.field``: the label record without what the event itself already says."""
+
+    model_config = _FROZEN_STRICT
+
+    label: str | None
+    score: float = Field(ge=0.0, le=1.0)
+    scores: dict[str, float]
+    model: ModelIdentity
+    degraded: bool
+    reasons: list[str]
+    cascade: CascadeUse
+    chunks: ChunkCounts
+
+    @classmethod
+    def of(cls, record: OutputRecord) -> Enrichment:
+        return cls.model_validate(record.model_dump(include=set(cls.model_fields)))
+
+
 class Aggregation(StrEnum):
     """How chunk probabilities become a document label (a closed set)."""
 
@@ -145,6 +169,9 @@ class DeadLetterReason(StrEnum):
 
     NOT_UTF8 = "not_utf8"
     NOT_JSON = "not_json"
+    # Not in the Confluent wire format, an unknown schema id, or bytes its writer schema
+    # does not read.
+    NOT_DECODABLE = "not_decodable"
     SCHEMA = "schema"
     OVERSIZE = "oversize"
     EMPTY = "empty"
@@ -162,6 +189,15 @@ class SourcePosition(BaseModel):
     topic: str
     partition: int = Field(ge=0)
     offset: int = Field(ge=0)
+
+
+class Header(BaseModel):
+    """A Kafka record header, carried with a dead letter so the record can be replayed."""
+
+    model_config = _FROZEN_STRICT
+
+    key: str
+    value_b64: str | None = Field(description="Header value, base64; null for a null value.")
 
 
 class DeadLetter(BaseModel):
@@ -193,6 +229,9 @@ class DeadLetter(BaseModel):
     original_size: int | None = Field(default=None, ge=0, description="Bytes of the value.")
     original_sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$")
     timestamp_ms: int | None = Field(default=None, description="Kafka timestamp of the input.")
+    headers: list[Header] = Field(
+        default_factory=list, description="The original record's Kafka headers."
+    )
 
     @classmethod
     def of(
@@ -205,8 +244,9 @@ class DeadLetter(BaseModel):
         key: bytes | None,
         source: SourcePosition | None,
         timestamp_ms: int | None,
+        headers: KafkaHeaders = (),
     ) -> DeadLetter:
-        """A dead letter for the record ``(key, raw)`` read at ``source``."""
+        """A dead letter for the record ``(key, raw, headers)`` read at ``source``."""
         return cls(
             reason=reason,
             detail=detail[:MAX_DETAIL],
@@ -215,6 +255,9 @@ class DeadLetter(BaseModel):
             key_b64=None if key is None else cls.encode(key),
             original_b64=cls.encode(raw),
             timestamp_ms=timestamp_ms,
+            headers=[
+                Header(key=k, value_b64=None if v is None else cls.encode(v)) for k, v in headers
+            ],
         )
 
     def fitted(self, max_bytes: int) -> DeadLetter:
@@ -237,6 +280,7 @@ class DeadLetter(BaseModel):
                 "original_size": len(raw),
                 "original_sha256": hashlib.sha256(raw).hexdigest(),
                 "key_b64": None if self.key_b64 is None else self.key_b64[:MAX_DETAIL],
+                "headers": [],  # they stay with the original in the input topic too
             }
         )
         room = max_bytes - len(head.model_dump_json())
@@ -255,6 +299,13 @@ class DeadLetter(BaseModel):
     def original(self) -> bytes:
         """The original value's bytes, exactly as read."""
         return base64.b64decode(self.original_b64)
+
+    def original_headers(self) -> list[tuple[str, bytes | None]]:
+        """The original record's headers, as confluent-kafka takes them."""
+        return [
+            (h.key, None if h.value_b64 is None else base64.b64decode(h.value_b64))
+            for h in self.headers
+        ]
 
     def original_key(self) -> bytes | None:
         """The original key's bytes, or ``None`` when the record had no key."""

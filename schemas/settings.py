@@ -20,6 +20,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
+from kascade.schemas.events import InputSettings, OutputSettings, RegistrySettings, check_formats
 from kascade.schemas.records import Aggregation
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import (
@@ -219,6 +220,9 @@ class Settings(BaseSettings):
     )
 
     kafka: KafkaSettings = Field(default_factory=KafkaSettings)
+    input: InputSettings = Field(default_factory=InputSettings)
+    output: OutputSettings = Field(default_factory=OutputSettings)
+    registry: RegistrySettings = Field(default_factory=RegistrySettings)
     max_text_bytes: int = Field(
         default=1_000_000,
         gt=0,
@@ -255,6 +259,11 @@ class Settings(BaseSettings):
     def cluster(self) -> list[str] | None:
         """The hosts of a multi-host job, in order; ``None`` for a single-host job."""
         return None if self.addresses is None else [a for a in self.addresses.split(";") if a]
+
+    @model_validator(mode="after")
+    def _formats_fit(self) -> Settings:
+        check_formats(self.input, self.output, self.registry)
+        return self
 
     @model_validator(mode="after")
     def _cluster_is_complete(self) -> Settings:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from kascade.dataflow.consume import read_all
+from kascade.dataflow.consume import read_records
 from kascade.dataflow.kafka_io import (
     DeliveryCheckedSink,
     DeliveryFailed,
@@ -13,6 +13,7 @@ from kascade.dataflow.kafka_io import (
     check_cluster,
 )
 from kascade.dataflow.local_broker import free_port
+from kascade.operators.items import Outgoing
 from kascade.schemas.settings import KafkaSettings
 
 pytestmark = pytest.mark.kafka
@@ -34,15 +35,17 @@ def test_a_missing_topic_is_named_in_the_error(kafka_bootstrap: str, topic_facto
     assert check_cluster(settings, [present]) == {present: 3}
 
 
-def test_the_sink_delivers_every_record_keyed_by_its_key(
+def test_the_sink_delivers_every_record_with_its_key_and_headers(
     kafka_bootstrap: str, topic_factory
 ) -> None:
     topic = topic_factory("sink", partitions=2)
     part = DeliveryCheckedSink(KafkaSettings(brokers=kafka_bootstrap), topic).build("s", 0, 1)
-    part.write_batch([(f"k{i}".encode(), f"v{i}".encode()) for i in range(50)])
+    sent = [Outgoing(f"k{i}".encode(), f"v{i}".encode(), [("n", b"%d" % i)]) for i in range(50)]
+    part.write_batch(sent)
     part.close()
-    got = read_all(KafkaSettings(brokers=kafka_bootstrap), topic, expect=50)
-    assert sorted(got) == sorted((f"k{i}".encode(), f"v{i}".encode()) for i in range(50))
+    got = read_records(KafkaSettings(brokers=kafka_bootstrap), topic, expect=50)
+    key = lambda r: (r.key, r.value, list(r.headers))  # noqa: E731
+    assert sorted(map(key, got)) == sorted(map(key, sent))
 
 
 def test_a_failed_delivery_raises_instead_of_vanishing(kafka_bootstrap: str) -> None:
@@ -54,7 +57,7 @@ def test_a_failed_delivery_raises_instead_of_vanishing(kafka_bootstrap: str) -> 
     )
     part = DeliveryCheckedSink(settings, "no-such-topic-here").build("s", 0, 1)
     with pytest.raises(DeliveryFailed, match="no-such-topic-here"):
-        part.write_batch([(b"k", b"v")])
+        part.write_batch([Outgoing(b"k", b"v")])
 
 
 def test_a_sink_waits_out_an_outage_up_to_the_tolerance_then_names_the_cause() -> None:
@@ -62,5 +65,5 @@ def test_a_sink_waits_out_an_outage_up_to_the_tolerance_then_names_the_cause() -
     part = DeliveryCheckedSink(settings, "t").build("s", 0, 1)
     start = time.monotonic()
     with pytest.raises(KafkaUnavailable, match=r"Kafka unreachable for \d+ s .*1 records to t"):
-        part.write_batch([(b"k", b"v")])
+        part.write_batch([Outgoing(b"k", b"v")])
     assert 6 <= time.monotonic() - start < 20

@@ -17,12 +17,14 @@ from hypothesis import strategies as st
 from kascade.operators.cascade import Cascade, CascadeLogic, cheap_stages
 from kascade.operators.chunking import SpecialTokens, split
 from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.operators.formats import Writer
 from kascade.operators.full_model import _classify_all
-from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
-from kascade.operators.reduce import AssembleLogic, Labeling, label_or_degraded
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outgoing
+from kascade.operators.reduce import AssembleLogic, Labeled, Labeling, labeled
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.validate import Received, check
 from kascade.schemas import Aggregation, CascadeUse, DeadLetter, ModelIdentity, OutputRecord
+from kascade.schemas.events import OutputSettings, RegistrySettings
 from kascade.toolchain.calibrate import calibrate
 
 LIMIT = 50_000  # a small broker limit, so size handling is exercised too
@@ -44,8 +46,9 @@ def pipeline(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         cascade=CascadeUse.ON,
     )
     specials = SpecialTokens.of(model.tokenizer)
+    writer = Writer(OutputSettings(), RegistrySettings(), "out")
 
-    def run(value: bytes | None, key: bytes | None = b"k") -> list[tuple[bytes | None, bytes]]:
+    def run(value: bytes | None, key: bytes | None = b"k") -> list[Outgoing]:
         msg = KafkaSourceMessage(key=key, value=value, topic="in", partition=0, offset=7)
         first = check(msg, max_bytes=MAX_TEXT, stage="validate")
         if isinstance(first, DeadLetter):
@@ -53,8 +56,8 @@ def pipeline(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         assert isinstance(first, Received)
         items = split(first, model.tokenizer, specials, SMALL_CHUNKS, stage="chunk")
         out: list = [i for i in items if isinstance(i, DeadLetter)]
-        records: list[OutputRecord] = [
-            label_or_degraded(i, [], labeling, 0) for i in items if isinstance(i, DocMeta)
+        records: list[Labeled] = [
+            labeled(i, [], labeling, 0) for i in items if isinstance(i, DocMeta)
         ]
         tasks = [i for i in items if isinstance(i, ChunkTask)]
         logic = CascadeLogic(cheap_stages(encoder, cascade, 0.5), Aggregation.TOKEN_MEAN, 0.5)
@@ -69,7 +72,7 @@ def pipeline(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
             records += assemble.on_item(r)[0]
         assert len(records) == (1 if not out else 0)
         for rec in records:
-            sent = output_value(rec, max_bytes=LIMIT, stage="serialize")
+            sent = output_value(rec, writer, max_bytes=LIMIT, stage="serialize")
             out.append(
                 dead_letter_value(sent, max_bytes=LIMIT) if isinstance(sent, DeadLetter) else sent
             )
@@ -80,9 +83,9 @@ def pipeline(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
     return run
 
 
-def _sendable(pairs: list[tuple[bytes | None, bytes]]) -> None:
+def _sendable(pairs: list[Outgoing]) -> None:
     assert len(pairs) == 1
-    _key, value = pairs[0]
+    value = pairs[0].value
     assert len(value) <= LIMIT
     parsed = json.loads(value)
     if "reason" in parsed:
@@ -154,14 +157,14 @@ def test_arbitrary_json_values_become_a_dead_letter_or_a_label(pipeline, value) 
 def test_each_known_poison_record_is_handled(pipeline, raw: bytes, outcome: str) -> None:
     pairs = pipeline(raw)
     _sendable(pairs)
-    parsed = json.loads(pairs[0][1])
+    parsed = json.loads(pairs[0].value)
     assert parsed.get("reason", "label") == outcome, parsed.get("detail")
 
 
 def test_a_dead_letter_too_large_for_the_broker_keeps_its_source_size_and_hash(pipeline) -> None:
     raw = b"\xff" * 45_000  # not UTF-8, and larger than LIMIT once base64-encoded
     (pair,) = pipeline(raw)
-    dead = DeadLetter.model_validate_json(pair[1])
+    dead = DeadLetter.model_validate_json(pair.value)
     assert dead.reason.value == "not_utf8" and dead.original_truncated
     assert dead.original_size == len(raw)
     assert dead.source is not None and dead.source.offset == 7

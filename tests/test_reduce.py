@@ -70,8 +70,8 @@ def test_the_record_is_emitted_once_every_chunk_is_in_and_state_is_discarded() -
     assert logic.on_item(r(1)) == ([], AssembleLogic.RETAIN)
     out, discard = logic.on_item(r(2))
     assert discard is AssembleLogic.DISCARD
-    (record,) = out
-    assert (record.id, record.label, record.latency_ms) == ("d", "b", 250.0)
+    ((record, envelope),) = [(o.record, o.envelope) for o in out]
+    assert (record.id, record.label, record.latency_ms, envelope) == ("d", "b", 250.0, None)
     assert record.chunks.total == 3 and record.chunks.full_model == 3
     assert record.metadata == {"k": 1} and record.lang == "en"
 
@@ -93,7 +93,7 @@ def test_state_survives_a_snapshot_and_restore() -> None:
     assert snapshot.results[0].probs[1] == pytest.approx(0.7)
     resumed = AssembleLogic(LABELING, snapshot)
     out, _ = resumed.on_item(r(2))
-    assert len(out) == 1 and out[0].chunks.total == 3
+    assert len(out) == 1 and out[0].record.chunks.total == 3
 
 
 def test_one_failed_chunk_marks_the_document_degraded_but_keeps_the_label() -> None:

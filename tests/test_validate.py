@@ -7,6 +7,7 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kascade.operators.formats import Read
 from kascade.operators.validate import decode
 from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, SourcePosition
 
@@ -14,7 +15,8 @@ POS = SourcePosition(topic="in", partition=1, offset=42)
 
 
 def _decode(raw: bytes | None, max_bytes: int = 1000) -> InputDocument | DeadLetter:
-    return decode(raw, key=b"k", position=POS, max_bytes=max_bytes, timestamp_ms=5)
+    out = decode(raw, key=b"k", position=POS, max_bytes=max_bytes, timestamp_ms=5)
+    return out.doc if isinstance(out, Read) else out
 
 
 def test_a_valid_record_becomes_a_document_with_its_optional_fields() -> None:
