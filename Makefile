@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXTRAS ?= dev,export,bench
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint bench broker-start broker-stop schemas
+.PHONY: install demo test lint bench broker-start broker-stop registry-start registry-stop schemas
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -39,3 +39,9 @@ broker-start:
 
 broker-stop:
 	docker/kafka-local.sh stop
+
+registry-start:
+	docker/registry-local.sh start
+
+registry-stop:
+	docker/registry-local.sh stop

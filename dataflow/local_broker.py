@@ -1,4 +1,5 @@
-"""Drives ``docker/kafka-local.sh``: a real single-node Kafka broker for demos and tests."""
+"""Drives ``docker/kafka-local.sh`` and ``docker/registry-local.sh``: a real single-node
+Kafka broker and a real Schema Registry for demos and tests."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[1] / "docker" / "kafka-local.sh"
+DOCKER = Path(__file__).resolve().parents[1] / "docker"
+SCRIPT = DOCKER / "kafka-local.sh"
+REGISTRY_SCRIPT = DOCKER / "registry-local.sh"
 
 
 @dataclass(frozen=True)
@@ -28,14 +31,35 @@ class LocalBroker:
             _script("stop", self.port)
 
 
+@dataclass(frozen=True)
+class LocalRegistry:
+    """A Schema Registry on 127.0.0.1:``port``; ``started`` as for :class:`LocalBroker`."""
+
+    port: int
+    started: bool
+
+    @property
+    def url(self) -> str:
+        """The Confluent-compatible API's base URL."""
+        return f"http://127.0.0.1:{self.port}/apis/ccompat/v7"
+
+    def stop(self) -> None:
+        if self.started:
+            _run(REGISTRY_SCRIPT, "KASCADE_REGISTRY_PORT", "stop", self.port)
+
+
 def _script(command: str, port: int, timeout_s: float = 600) -> None:
-    if not SCRIPT.exists():
+    _run(SCRIPT, "KASCADE_KAFKA_PORT", command, port, timeout_s)
+
+
+def _run(script: Path, port_variable: str, command: str, port: int, timeout_s: float = 600) -> None:
+    if not script.exists():
         raise FileNotFoundError(
-            f"{SCRIPT} not found: the local broker needs a kascade source checkout;"
-            " otherwise pass --brokers"
+            f"{script} not found: the local broker and registry need a kascade source"
+            " checkout; otherwise pass --kafka.brokers / --registry.url"
         )
-    env = os.environ | {"KASCADE_KAFKA_PORT": str(port)}
-    subprocess.run(["bash", str(SCRIPT), command], env=env, check=True, timeout=timeout_s)
+    env = os.environ | {port_variable: str(port)}
+    subprocess.run(["bash", str(script), command], env=env, check=True, timeout=timeout_s)
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -50,6 +74,14 @@ def ensure_local_broker(port: int = 9092) -> LocalBroker:
         return LocalBroker(port=port, started=False)
     _script("start", port)
     return LocalBroker(port=port, started=True)
+
+
+def ensure_local_registry(port: int = 8081) -> LocalRegistry:
+    """Use a registry already listening on ``port``, or start one with the script."""
+    if port_open(port):
+        return LocalRegistry(port=port, started=False)
+    _run(REGISTRY_SCRIPT, "KASCADE_REGISTRY_PORT", "start", port)
+    return LocalRegistry(port=port, started=True)
 
 
 def free_port() -> int:

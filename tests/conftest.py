@@ -53,6 +53,24 @@ def kafka_bootstrap() -> Iterator[str]:
         broker.stop()
 
 
+@pytest.fixture(scope="session")
+def schema_registry_url() -> Iterator[str]:
+    """Base URL of a real Confluent-compatible Schema Registry for the whole session:
+    ``KASCADE_TEST_REGISTRY`` (CI starts one), else Apicurio Registry started with the
+    project's ``docker/registry-local.sh`` on a free port."""
+    explicit = os.environ.get("KASCADE_TEST_REGISTRY")
+    if explicit:
+        yield explicit
+        return
+    from kascade.dataflow.local_broker import ensure_local_registry, free_port
+
+    registry = ensure_local_registry(free_port())
+    try:
+        yield registry.url
+    finally:
+        registry.stop()
+
+
 TopicFactory = Callable[..., str]
 
 
