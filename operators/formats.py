@@ -110,8 +110,6 @@ def lone_surrogate(parsed: object) -> str | None:
         return f"text holds a lone surrogate ({escape}): not Unicode text"
     except (RecursionError, ValueError):
         return "nested too deeply to check"
-    except TypeError:
-        return None  # Avro values (bytes, datetimes) are not JSON, and not text either
     return None
 
 

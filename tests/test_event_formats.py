@@ -6,8 +6,6 @@ records that do not fit their schema or mapping dead-lettered with their bytes."
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from helpers import documents
+from helpers import documents, kascade_cli
 from kascade.dataflow.consume import read_records
 from kascade.dataflow.flow import build_flow
 from kascade.dataflow.local_broker import free_port
@@ -58,7 +56,10 @@ def _produce(brokers: str, topic: str, records: list[Outgoing]) -> None:
     assert producer.flush(30) == 0
 
 
-def _run(settings: Settings) -> None:
+def _run(kafka: KafkaSettings, model_dir: Path, **formats: dict) -> None:
+    """The flow over ``kafka``'s topics to their end, with ``formats`` (input, output,
+    registry sections) on top of the tests' model and chunking."""
+    settings = Settings(kafka=kafka, model_dir=model_dir, chunking=CHUNKING, **formats)
     run_main(build_flow(settings))
 
 
@@ -100,14 +101,11 @@ def test_avro_events_become_enriched_avro_events_keyed_and_headed_like_their_inp
     _produce(kafka_settings.brokers, kafka_settings.input_topic, good + bad)
 
     _run(
-        Settings(
-            kafka=kafka_settings,
-            model_dir=exported["bert"],
-            chunking=CHUNKING,
-            input={"format": "avro", "text": ["subject", "body"], "id": "ticket_id"},
-            output={"shape": "enriched", "format": "avro"},
-            registry={"url": schema_registry_url},
-        )
+        kafka_settings,
+        exported["bert"],
+        input={"format": "avro", "text": ["subject", "body"], "id": "ticket_id"},
+        output={"shape": "enriched", "format": "avro"},
+        registry={"url": schema_registry_url},
     )
 
     out = read_records(kafka_settings, kafka_settings.output_topic, expect=len(good))
@@ -156,14 +154,11 @@ def test_json_schema_events_are_read_and_a_record_breaking_its_schema_is_dead_le
     _produce(kafka_settings.brokers, kafka_settings.input_topic, [*good, breaking])
 
     _run(
-        Settings(
-            kafka=kafka_settings,
-            model_dir=exported["bert"],
-            chunking=CHUNKING,
-            input={"format": "json_schema", "text": ["body"], "id": "@key", "metadata": ["room"]},
-            output={"format": "json_schema"},
-            registry={"url": schema_registry_url},
-        )
+        kafka_settings,
+        exported["bert"],
+        input={"format": "json_schema", "text": ["body"], "id": "@key", "metadata": ["room"]},
+        output={"format": "json_schema"},
+        registry={"url": schema_registry_url},
     )
 
     out = read_records(kafka_settings, kafka_settings.output_topic, expect=len(good))
@@ -188,12 +183,9 @@ def test_plain_text_values_are_classified_with_their_key_as_id(
     _produce(kafka_settings.brokers, kafka_settings.input_topic, records)
 
     _run(
-        Settings(
-            kafka=kafka_settings,
-            model_dir=exported["bert"],
-            chunking=CHUNKING,
-            input={"format": "text"},
-        )
+        kafka_settings,
+        exported["bert"],
+        input={"format": "text"},
     )
 
     out = read_records(kafka_settings, kafka_settings.output_topic, expect=len(docs))
@@ -219,13 +211,10 @@ def test_json_events_are_enriched_under_the_configured_field(
     _produce(kafka_settings.brokers, kafka_settings.input_topic, records)
 
     _run(
-        Settings(
-            kafka=kafka_settings,
-            model_dir=exported["bert"],
-            chunking=CHUNKING,
-            input={"format": "json", "text": ["news.title", "news.paragraphs"], "id": "news.id"},
-            output={"shape": "enriched", "field": "topic"},
-        )
+        kafka_settings,
+        exported["bert"],
+        input={"format": "json", "text": ["news.title", "news.paragraphs"], "id": "news.id"},
+        output={"shape": "enriched", "field": "topic"},
     )
 
     out = read_records(kafka_settings, kafka_settings.output_topic, expect=len(docs))
@@ -247,34 +236,27 @@ def test_an_unreachable_registry_fails_the_start_with_one_line(
 ) -> None:
     k = kafka_settings
     start = time.monotonic()
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "kascade",
-            "run",
-            "--bounded",
-            "--model-dir",
-            str(exported["bert"]),
-            "--brokers",
-            k.brokers,
-            "--kafka.input-topic",
-            k.input_topic,
-            "--kafka.output-topic",
-            k.output_topic,
-            "--kafka.dead-letter-topic",
-            k.dead_letter_topic,
-            "--input.format",
-            "avro",
-            "--input.text",
-            '["body"]',
-            "--registry.url",
-            f"http://127.0.0.1:{free_port()}",
-            "--registry.timeout-s",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
+    r = kascade_cli(
+        "run",
+        "--bounded",
+        "--model-dir",
+        str(exported["bert"]),
+        "--brokers",
+        k.brokers,
+        "--kafka.input-topic",
+        k.input_topic,
+        "--kafka.output-topic",
+        k.output_topic,
+        "--kafka.dead-letter-topic",
+        k.dead_letter_topic,
+        "--input.format",
+        "avro",
+        "--input.text",
+        "body",
+        "--registry.url",
+        f"http://127.0.0.1:{free_port()}",
+        "--registry.timeout-s",
+        "2",
         timeout=60,
     )
     assert r.returncode == 1, r.stderr
