@@ -23,15 +23,10 @@ run="$home/broker-$port"
 pidfile="$run/broker.pid"
 log="$run/broker.log"
 
-die() { echo "kafka-local: $*" >&2; exit 1; }
-
-is_running() {
-  [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null
-}
-
-port_open() {
-  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
+name=kafka-local
+what=broker
+# shellcheck source=local-service.sh
+source "$here/local-service.sh"
 
 fetch() {
   [[ -f "$libs/.complete" ]] && return 0
@@ -118,27 +113,6 @@ start() {
     sleep 0.5
   done
   echo "kafka-local: running on 127.0.0.1:$port (pid $(cat "$pidfile"))" >&2
-}
-
-stop() {
-  if ! is_running; then
-    rm -f "$pidfile"
-    echo "kafka-local: not running" >&2
-    return 0
-  fi
-  local pid
-  pid="$(cat "$pidfile")"
-  kill "$pid"
-  for _ in $(seq 1 60); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    echo "kafka-local: broker did not stop in 30s; killing pid $pid" >&2
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$pidfile"
-  echo "kafka-local: stopped" >&2
 }
 
 case "${1:-}" in

@@ -28,15 +28,10 @@ pidfile="$run/registry.pid"
 log="$run/registry.log"
 ready_path=/apis/ccompat/v7/subjects
 
-die() { echo "registry-local: $*" >&2; exit 1; }
-
-is_running() {
-  [[ -f "$pidfile" ]] && kill -0 "$(cat "$pidfile")" 2>/dev/null
-}
-
-port_open() {
-  (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
-}
+name=registry-local
+what=registry
+# shellcheck source=local-service.sh
+source "$here/local-service.sh"
 
 # "200" when the Confluent-compatible API answers; no curl on a bare machine, so bash's
 # own /dev/tcp speaks the one HTTP request.
@@ -97,27 +92,6 @@ start() {
     sleep 0.25
   done
   echo "registry-local: running on http://127.0.0.1:$port (pid $(cat "$pidfile"))" >&2
-}
-
-stop() {
-  if ! is_running; then
-    rm -f "$pidfile"
-    echo "registry-local: not running" >&2
-    return 0
-  fi
-  local pid
-  pid="$(cat "$pidfile")"
-  kill "$pid"
-  for _ in $(seq 1 60); do
-    kill -0 "$pid" 2>/dev/null || break
-    sleep 0.5
-  done
-  if kill -0 "$pid" 2>/dev/null; then
-    echo "registry-local: registry did not stop in 30s; killing pid $pid" >&2
-    kill -9 "$pid" 2>/dev/null || true
-  fi
-  rm -f "$pidfile"
-  echo "registry-local: stopped" >&2
 }
 
 case "${1:-}" in
