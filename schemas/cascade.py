@@ -37,6 +37,32 @@ class CertifiedChunking(BaseModel):
         return f"{self.max_tokens}-token chunks with overlap {self.overlap}"
 
 
+class LanguageCalibration(BaseModel):
+    """The certified operating point as it fell on one language's certification chunks.
+
+    Not a guarantee per language (the test covers the pooled set): where a language's
+    observed disagreement is above epsilon, its text is served worse than the bound says.
+
+    >>> LanguageCalibration(certify=200, accepted=120, disagreements=3).settled_share
+    0.6
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    certify: int = Field(ge=0, description="This language's certification chunks.")
+    accepted: int = Field(ge=0, description="Of those, settled by S0 or S1.")
+    disagreements: int = Field(ge=0, description="Settled chunks the full model labels otherwise.")
+
+    @property
+    def settled_share(self) -> float:
+        return self.accepted / self.certify if self.certify else 0.0
+
+    @property
+    def agreement(self) -> float:
+        """Agreement with the full model among the settled chunks (1.0 if none settled)."""
+        return 1 - self.disagreements / self.accepted if self.accepted else 1.0
+
+
 class CalibrationReport(BaseModel):
     """What ``kascade calibrate`` measured on its certification chunks."""
 
@@ -52,6 +78,11 @@ class CalibrationReport(BaseModel):
     accepted_s1: int
     disagreements_s1: int
     certified_upper_bound_at_delta: float
+    by_language: dict[str, LanguageCalibration] = Field(
+        default_factory=dict,
+        description="The default operating point per language of the calibration text;"
+        " empty when the text carried no language.",
+    )
 
 
 class HeadWeights(BaseModel):

@@ -16,6 +16,7 @@ from kascade.schemas import CascadeUse, OutputRecord
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, CascadeSpec
 from kascade.schemas.manifest import read_manifest
 from kascade.schemas.settings import KafkaSettings, Settings
+from kascade.toolchain import ToolchainError
 from kascade.toolchain.calibrate import CalibrationTooSmall, calibrate
 
 
@@ -39,7 +40,15 @@ def test_calibration_writes_heads_and_a_certified_point_bound_to_the_model(
     assert point.calibration_disagreements <= point.epsilon * point.calibration_accepted
     assert 0 < point.expected_share_s0 + point.expected_share_s1 <= 1
     assert spec.report.chunks == 300
+    assert spec.report.by_language == {}  # the texts named no language
     assert Cascade.load(calibrated, digest).point == point
+
+
+def test_calibration_refuses_a_language_list_that_does_not_match_the_texts(
+    exported: dict[str, Path],
+) -> None:
+    with pytest.raises(ToolchainError, match="2 languages for 3 calibration texts"):
+        calibrate(exported["modernbert"], texts(3), languages=["de", "ja"])
 
 
 def test_a_cascade_calibrated_for_another_model_is_refused(calibrated: Path) -> None:

@@ -85,25 +85,36 @@ def test_quantize_with_a_budget_prints_the_candidates_and_its_choice(
 
 @pytest.fixture(scope="module")
 def calibrated(quantized: Path, workdir: Path) -> tuple[Path, str]:
-    corpus = workdir / "unseen.txt"
-    corpus.write_text("\n".join(texts(400)) + "\n")
+    corpus = workdir / "unseen.tsv"
+    lang = ("deu_Latn", "jpn_Jpan")
+    corpus.write_text(
+        "text\tlang\n" + "".join(f"{t}\t{lang[i % 2]}\n" for i, t in enumerate(texts(400)))
+    )
     r = kascade_cli(
         "calibrate", "--model", str(quantized), "--texts", str(corpus), "--epsilon", "0.1",
-        "--delta", "0.1", "--chunk-tokens", "64", "--overlap", "8", timeout=600,
+        "--delta", "0.1", "--chunk-tokens", "64", "--overlap", "8", "--lang-column", "lang",
+        timeout=600,
     )  # fmt: skip
     assert r.returncode == 0, r.stderr
     return quantized, r.stdout
 
 
-def test_calibrate_writes_cascade_json_and_prints_the_certified_guarantee(
+def test_calibrate_writes_cascade_json_and_prints_the_guarantee_per_language(
     calibrated: tuple[Path, str],
 ) -> None:
     model, stdout = calibrated
     lines = stdout.strip().splitlines()
     assert lines[0].startswith(f"wrote {model}/cascade.json: 400 chunks of 64-token chunks")
-    assert lines[-1].startswith("certified: accepted chunks disagree with the full model on <= 0.1")
+    assert lines[3].startswith("certified: accepted chunks disagree with the full model on <= 0.1")
+    assert sorted(line.split(":")[0] for line in lines[4:6]) == ["  deu_Latn", "  jpn_Jpan"]
+    assert lines[-1].startswith("the guarantee holds for text like the calibration text")
     spec = CascadeSpec.model_validate_json((model / CASCADE_FILE).read_text())
     assert (spec.chunking.max_tokens, spec.chunking.overlap) == (64, 8)
+    by_lang = spec.report.by_language
+    assert sum(c.certify for c in by_lang.values()) == spec.report.certify
+    assert sum(c.accepted for c in by_lang.values()) == (
+        spec.report.accepted_s0 + spec.report.accepted_s1
+    )
 
 
 def test_evaluate_prints_a_row_per_model_and_writes_json(

@@ -29,6 +29,7 @@ from kascade.schemas.cascade import (
     CascadeSpec,
     CertifiedChunking,
     HeadWeights,
+    LanguageCalibration,
     OperatingPoint,
 )
 from kascade.schemas.files import write_text_atomically
@@ -74,12 +75,13 @@ class Features:
     hidden: np.ndarray  # n x H, mean-pooled output of the cascade layer
     target: np.ndarray  # n, the full model's label index
     tokens: np.ndarray  # n, chunk lengths
+    source: np.ndarray  # n, index of the text each chunk came from
 
 
 def extract(enc: Encoder, texts: list[str], *, max_tokens: int, overlap: int) -> Features:
     """Pooled features and the full model's answer for every chunk of ``texts``."""
-    f0, f1, y, n = [], [], [], []
-    for text in texts:
+    f0, f1, y, n, src = [], [], [], [], []
+    for i, text in enumerate(texts):
         for c in chunk_text(
             text, enc.model.tokenizer, max_tokens=max_tokens, overlap=overlap, max_chunks=10_000
         ):
@@ -91,7 +93,29 @@ def extract(enc: Encoder, texts: list[str], *, max_tokens: int, overlap: int) ->
             f1.append(pooled(hidden))
             y.append(int(enc.suffix(hidden, mask)[0].argmax()))
             n.append(c.n_tokens)
-    return Features(np.stack(f0), np.stack(f1), np.asarray(y), np.asarray(n))
+            src.append(i)
+    return Features(np.stack(f0), np.stack(f1), np.asarray(y), np.asarray(n), np.asarray(src))
+
+
+def by_language(
+    languages: np.ndarray, accepted: np.ndarray, wrong: np.ndarray
+) -> dict[str, LanguageCalibration]:
+    """Certification chunks, settled and disagreeing ones, per language (one per chunk).
+
+    >>> r = by_language(np.array(["de", "de", "ja"]), np.array([True, False, True]),
+    ...                 np.array([False, False, True]))
+    >>> r["de"].settled_share, r["ja"].agreement
+    (0.5, 0.0)
+    """
+    out = {}
+    for lang in sorted(set(languages.tolist())):
+        mine = languages == lang
+        out[lang] = LanguageCalibration(
+            certify=int(mine.sum()),
+            accepted=int((accepted & mine).sum()),
+            disagreements=int((wrong & mine).sum()),
+        )
+    return out
 
 
 def fit_head(x: np.ndarray, y: np.ndarray, n_labels: int, feature: str, seed: int) -> HeadWeights:
@@ -201,12 +225,16 @@ def calibrate(
     head_texts: list[str] | None = None,
     name: str = "default",
     path: tuple[float, ...] = PATH,
+    languages: list[str] | None = None,
 ) -> CascadeSpec:
     """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``.
 
     ``chunking`` (default: the runtime's) is recorded with the result: the guarantee
     holds for chunks made that way, so a run with other chunking refuses the cascade.
+    ``languages`` (one per text) splits the report by language.
     """
+    if languages is not None and len(languages) != len(texts):
+        raise ToolchainError(f"{len(languages)} languages for {len(texts)} calibration texts")
     chunking = chunking or ChunkSettings()
     max_tokens, overlap = chunking.max_tokens, chunking.overlap
     loaded = load_model_dir(model_dir)
@@ -290,6 +318,9 @@ def calibrate(
         accepted_s1=n1,
         disagreements_s1=k1,
         certified_upper_bound_at_delta=upper_bound(disagreements, accepted, delta),
+        by_language={}
+        if languages is None
+        else by_language(np.asarray(languages)[feats.source[cert]], by0 | by1, wrong),
     )
     spec = CascadeSpec(
         model_manifest_sha256=loaded.manifest_sha256,

@@ -171,7 +171,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from kascade.toolchain.calibrate import calibrate
     from kascade.toolchain.data import read_examples
 
-    texts = read_examples(args.texts, text_column=args.text_column, label_column=None).texts
+    # The language column, if any, is read as the label column: one string per text.
+    calibration = read_examples(
+        args.texts, text_column=args.text_column, label_column=args.lang_column
+    )
     head_texts = (
         read_examples(args.head_texts, text_column=args.text_column, label_column=None).texts
         if args.head_texts
@@ -179,9 +182,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     )
     spec = calibrate(
         args.model,
-        texts,
+        calibration.texts,
         chunking=ChunkSettings(**_given(args, "max_tokens", "overlap")),
         head_texts=head_texts,
+        languages=calibration.labels,
         **_given(args, "epsilon", "delta", "seed"),
     )
     point = spec.operating_points[spec.default_operating_point]
@@ -204,6 +208,16 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         f" probability >= {1 - point.delta:g} ({point.calibration_disagreements} of"
         f" {point.calibration_accepted} disagreed; upper bound"
         f" {r.certified_upper_bound_at_delta:.4f})"
+    )
+    for lang, c in sorted(r.by_language.items(), key=lambda kv: kv[1].settled_share):
+        above = " (above epsilon)" if c.disagreements > point.epsilon * c.accepted else ""
+        print(
+            f"  {lang}: {c.settled_share:.1%} of {c.certify} chunks settled,"
+            f" agreement {c.agreement:.1%}{above}"
+        )
+    print(
+        "the guarantee holds for text like the calibration text (its languages, sources and"
+        " lengths); calibrate again for other text"
     )
     return 0
 
@@ -285,6 +299,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--head-texts", type=Path, help="extra text for fitting the heads only")
     p.add_argument("--text-column", default="text")
+    p.add_argument(
+        "--lang-column", help="column naming each text's language: the report splits by it"
+    )
     p.add_argument(
         "--epsilon",
         type=float,
