@@ -51,6 +51,16 @@ def topic_documents(files: list[Path], per_doc: int) -> list[tuple[str, str, str
     return docs
 
 
+def language_of(doc_id: str) -> str:
+    """The language of a document of :func:`topic_documents` (English files carry none).
+
+    >>> language_of("holdout-deu_Latn/health/3"), language_of("holdout/health/3")
+    ('deu_Latn', 'eng_Latn')
+    """
+    stem = doc_id.split("/", 1)[0]
+    return stem.split("-", 1)[1] if "-" in stem else "eng_Latn"
+
+
 def evaluate(
     model: Path, docs: list[tuple[str, str, str]], *, max_tokens: int, strategy: Aggregation
 ) -> dict:
@@ -63,6 +73,8 @@ def evaluate(
     counts: dict[str, int] = defaultdict(int)
     settled_agree = settled_total = 0
     doc_agree = 0
+    # per language: chunks, settled chunks, settled agreeing, documents, documents agreeing
+    per_lang: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(5, dtype=int))
     gold, full_pred, cascade_pred = [], [], []
     for doc_id, text, topic in docs:
         chunks = chunk_text(
@@ -101,12 +113,15 @@ def evaluate(
                 results.append(ChunkVerdict(x.index, x.n_tokens, x.probs))
                 counts[x.stage] += 1
                 if x.stage in ("s0", "s1"):
+                    agrees = int(x.probs.argmax() == full[x.index].argmax())
                     settled_total += 1
-                    settled_agree += int(x.probs.argmax() == full[x.index].argmax())
+                    settled_agree += agrees
+                    per_lang[language_of(doc_id)] += (0, 1, agrees, 0, 0)
         reference = [ChunkVerdict(t.index, t.n_tokens, full[t.index]) for t in tasks]
         a = aggregate(results, strategy, labels).label
         b = aggregate(reference, strategy, labels).label
         doc_agree += int(a == b)
+        per_lang[language_of(doc_id)] += (len(tasks), 0, 0, 1, int(a == b))
         gold.append(topic)
         cascade_pred.append(a)
         full_pred.append(b)
@@ -125,6 +140,15 @@ def evaluate(
         "macro_f1_cascade": f1_cascade,
         "f1_delta": f1_cascade - f1_full,
         "mean_ms": ms,
+        "by_language": {
+            lang: {
+                "chunks": int(c[0]),
+                "settled_share": c[1] / c[0],
+                "settled_chunk_agreement": c[2] / max(c[1], 1),
+                "document_agreement": c[4] / c[3],
+            }
+            for lang, c in sorted(per_lang.items())
+        },
     }
 
 
@@ -170,6 +194,7 @@ def main() -> None:
         args.work,
         [t for _, t, _ in calib],
         head_texts=[t for _, t, _ in heads],
+        languages=[language_of(d) for d, _, _ in calib],
         epsilon=args.epsilon,
         delta=args.delta,
         chunking=ChunkSettings(max_tokens=args.max_tokens),

@@ -49,11 +49,15 @@ def test_the_cascade_benchmark_compares_against_the_full_model(
     d = tmp_path / "m"
     shutil.copytree(exported["modernbert"], d)
     calibrate(d, texts(200), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
-    docs = [(f"d{i}", t, "sports") for i, t in enumerate(texts(20))]
+    files = ("holdout", "holdout-deu_Latn")
+    docs = [(f"{files[i % 2]}/sports/{i}", t, "sports") for i, t in enumerate(texts(20))]
     result = cascade_evaluate(d, docs, max_tokens=64, strategy=Aggregation.TOKEN_MEAN)
     assert result["documents"] == 20
     assert sum(result["share"].values()) == pytest.approx(1.0)
     assert 0.0 <= result["document_agreement"] <= 1.0
+    by_lang = result["by_language"]
+    assert sorted(by_lang) == ["deu_Latn", "eng_Latn"]
+    assert sum(c["chunks"] for c in by_lang.values()) == result["chunks"]
 
 
 def test_plots_are_written_from_result_files(tmp_path: Path) -> None:

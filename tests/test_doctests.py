@@ -11,7 +11,7 @@ import pytest
 import kascade
 
 PARTS = ["kascade", "kascade.schemas", "kascade.operators", "kascade.dataflow"]
-PARTS += ["kascade.toolchain", "kascade.demo"]
+PARTS += ["kascade.toolchain", "kascade.demo", "bench"]
 
 
 def _modules() -> list[str]:
