@@ -1,11 +1,17 @@
 """kascade against the consumer a user would write first, on the same long documents.
 
 The naive baseline: one consumer loop, a Hugging Face ``transformers`` text-classification
-pipeline on PyTorch FP32, batches of 32, truncation at 8192 tokens, results produced back
-to Kafka. kascade: ``kascade run`` with its defaults (256-token chunks, the INT8 + INT4
-model, two worker processes). Both are timed from start to the last result, model loading
-included, on the same documents, one after the other on the same 2 cores.
+pipeline on PyTorch FP32, batches of 32, truncation at the model's positions (512 for
+BERT-style encoders, 8192 for mmBERT), results produced back to Kafka. kascade: ``kascade
+run`` with its defaults (256-token chunks, the quantized model, its cascade if calibrated,
+two worker processes). Both are timed from start to the last result, model loading
+included, on the same single-topic documents (held-out sentences of every language,
+``--doc-tokens`` long), one after the other on the same 2 cores; document accuracy is
+scored against the topic the documents were built from.
 
+    python -m bench.baseline --checkpoint runs/e5-sib200 \\
+        --kascade-model runs/e5-cascade --data runs/sib200 --doc-tokens 2000 4000 8000
+    # a random-init architecture (no trained checkpoint): rebuilt from the FP32 export
     python -m bench.baseline --fp32 runs/mmbert-small-fp32 \\
         --kascade-model runs/mmbert-small-int8-int4emb --data runs/sib200 \\
         --doc-tokens 4000 --documents 8
@@ -20,6 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.local_broker import ensure_local_broker
@@ -32,16 +39,21 @@ from bench.chunks import long_documents
 from bench.flow import fresh_topics, kascade_run_command, latency_percentiles, send
 
 
-def naive_consumer(k: KafkaSettings, checkpoint: Path, expect: int, batch: int = 32) -> float:
-    """What a first version looks like; returns seconds from start to the last result."""
+def naive_consumer(
+    k: KafkaSettings, checkpoint: Path, expect: int, batch: int = 32
+) -> tuple[float, int]:
+    """What a first version looks like; returns seconds from start to the last result,
+    and the truncation length it used."""
     import torch
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, pipeline
 
     t0 = time.perf_counter()
     torch.set_num_threads(2)
+    model = AutoModelForSequenceClassification.from_pretrained(checkpoint)
+    max_length = model.config.max_position_embeddings
     clf = pipeline(
         "text-classification",
-        model=AutoModelForSequenceClassification.from_pretrained(checkpoint),
+        model=model,
         tokenizer=AutoTokenizer.from_pretrained(checkpoint),
         device=-1,
     )
@@ -67,7 +79,10 @@ def naive_consumer(k: KafkaSettings, checkpoint: Path, expect: int, batch: int =
         if len(pending) >= batch or (pending and len(eof) == len(parts)):
             with torch.no_grad():
                 out = clf(
-                    [d["text"] for d in pending], batch_size=batch, truncation=True, max_length=8192
+                    [d["text"] for d in pending],
+                    batch_size=batch,
+                    truncation=True,
+                    max_length=max_length,
                 )
             for d, o in zip(pending, out, strict=True):
                 producer.produce(
@@ -79,7 +94,28 @@ def naive_consumer(k: KafkaSettings, checkpoint: Path, expect: int, batch: int =
             done += len(pending)
             pending = []
     consumer.close()
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, max_length
+
+
+def accuracy(k: KafkaSettings, gold: dict[str, str]) -> float:
+    """Share of documents whose result on the output topic names their topic."""
+    labels = {json.loads(v)["id"]: json.loads(v)["label"] for _, v in read_all(k, k.output_topic)}
+    assert len(labels) == len(gold), f"{len(labels)} results for {len(gold)} documents"
+    return sum(labels[i] == topic for i, topic in gold.items()) / len(gold)
+
+
+def random_init_checkpoint(fp32: Path, out: Path) -> Path:
+    """The seeded random-init checkpoint an FP32 export of an architecture was made from."""
+    from kascade.toolchain.architectures import random_classifier
+    from kascade.toolchain.export import default_tokenizer_dir
+    from transformers import AutoTokenizer
+
+    manifest = load_model_dir(fp32).manifest
+    if not manifest.source.startswith("random-init:"):
+        raise SystemExit(f"{fp32} is not a random-init export: give --checkpoint")
+    random_classifier(manifest.source.split(":")[1], manifest.labels, seed=0).save_pretrained(out)
+    AutoTokenizer.from_pretrained(default_tokenizer_dir()).save_pretrained(out)
+    return out
 
 
 def kascade_job(k: KafkaSettings, model: Path, workers: int) -> float:
@@ -90,57 +126,47 @@ def kascade_job(k: KafkaSettings, model: Path, workers: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument(
-        "--fp32",
-        type=Path,
-        required=True,
-        help="FP32 model directory (its source checkpoint is rebuilt)",
+    naive = p.add_mutually_exclusive_group(required=True)
+    naive.add_argument("--checkpoint", type=Path, help="Hugging Face checkpoint for the naive job")
+    naive.add_argument(
+        "--fp32", type=Path, help="FP32 export of a random-init architecture (rebuilt)"
     )
     p.add_argument("--kascade-model", type=Path, required=True)
     p.add_argument("--data", type=Path, required=True)
-    p.add_argument("--doc-tokens", type=int, default=4000)
-    p.add_argument("--documents", type=int, default=8)
+    p.add_argument("--doc-tokens", type=int, nargs="+", default=[4000])
+    p.add_argument("--documents", type=int, default=8, help="per --doc-tokens size")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--brokers")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
     brokers = args.brokers or ensure_local_broker(9092).bootstrap
     loaded = load_model_dir(args.kascade_model)
-    docs = [
-        InputDocument(id=f"long-{i}", text=text)
-        for i, (_, text, _) in enumerate(
-            long_documents(args.data, [args.doc_tokens], args.documents, loaded.tokenizer)
-        )
-    ]
+    built = long_documents(args.data, args.doc_tokens, args.documents, loaded.tokenizer)
+    docs = [InputDocument(id=f"long-{i}", text=text) for i, (_, text, _) in enumerate(built)]
+    gold = {d.id: topic for d, (_, _, topic) in zip(docs, built, strict=True)}
+    tokens = [len(loaded.tokenizer.encode(d.text).ids) for d in docs]
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = Path(tmp) / "checkpoint"
-        from kascade.toolchain.architectures import random_classifier
-        from kascade.toolchain.export import default_tokenizer_dir
-        from transformers import AutoTokenizer
-
-        manifest = load_model_dir(args.fp32).manifest
-        name = manifest.source.split(":")[1] if manifest.source.startswith("random-init:") else None
-        if name is None:
-            raise SystemExit("the baseline rebuilds random-init checkpoints only")
-        random_classifier(name, manifest.labels, seed=0).save_pretrained(ckpt)
-        AutoTokenizer.from_pretrained(default_tokenizer_dir()).save_pretrained(ckpt)
+        ckpt = args.checkpoint or random_init_checkpoint(args.fp32, Path(tmp) / "checkpoint")
         k1 = fresh_topics(brokers)
         send(k1, docs)
-        naive_s = naive_consumer(k1, ckpt, len(docs))
+        naive_s, truncation = naive_consumer(k1, ckpt, len(docs))
         naive_latency = latency_percentiles(k1)
     k2 = fresh_topics(brokers)
     send(k2, docs)
     kascade_s = kascade_job(k2, args.kascade_model, args.workers)
-    assert len(read_all(k2, k2.output_topic)) == len(docs)
     kascade_latency = latency_percentiles(k2)
     result = {
         "documents": len(docs),
         "doc_tokens": args.doc_tokens,
+        "tokens_per_doc_median": float(np.median(tokens)),
+        "naive_truncation": truncation,
         "naive_s": naive_s,
         "kascade_s": kascade_s,
         "naive_docs_per_s": len(docs) / naive_s,
         "kascade_docs_per_s": len(docs) / kascade_s,
         "ratio": naive_s / kascade_s,
+        "naive_accuracy": accuracy(k1, gold),
+        "kascade_accuracy": accuracy(k2, gold),
         "naive_latency": naive_latency,
         "kascade_latency": kascade_latency,
     }

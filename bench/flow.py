@@ -11,6 +11,8 @@ start-up and model loading are excluded.
     python -m bench.flow overhead --model runs/minilm-int8pc --data runs/sib200/holdout.tsv
     python -m bench.flow scaling --model runs/minilm-int8pc --data runs/sib200/holdout.tsv \
         --workers 1 2
+    python -m bench.flow scaling --model runs/e5-cascade --data runs/sib200/holdout*.tsv \
+        --workers 2 --cascade off on
 """
 
 from __future__ import annotations
@@ -37,19 +39,20 @@ from kascade.schemas.settings import KafkaSettings
 from kascade.toolchain.data import read_examples
 
 
-def long_documents(path: Path, sentences_per_doc: int, copies: int) -> list[InputDocument]:
-    """Single-topic documents of ``sentences_per_doc`` sentences (grouped by the file's
-    ``category`` column), the whole set repeated ``copies`` times with fresh ids."""
-    labeled = read_examples(path, text_column="text", label_column="category")
-    by_topic: dict[str, list[str]] = {}
-    for text, topic in zip(labeled.texts, labeled.labels or [], strict=True):
-        by_topic.setdefault(topic, []).append(text)
+def long_documents(paths: list[Path], sentences_per_doc: int, copies: int) -> list[InputDocument]:
+    """Single-topic documents of ``sentences_per_doc`` sentences of one file each (grouped
+    by its ``category`` column), the whole set repeated ``copies`` times with fresh ids."""
     docs = []
-    for c in range(copies):
-        for topic, texts in sorted(by_topic.items()):
-            for i in range(0, len(texts) - sentences_per_doc + 1, sentences_per_doc):
-                text = " ".join(texts[i : i + sentences_per_doc])
-                docs.append(InputDocument(id=f"c{c}-{topic}-{i}", text=text))
+    for path in paths:
+        labeled = read_examples(path, text_column="text", label_column="category")
+        by_topic: dict[str, list[str]] = {}
+        for text, topic in zip(labeled.texts, labeled.labels or [], strict=True):
+            by_topic.setdefault(topic, []).append(text)
+        for c in range(copies):
+            for topic, texts in sorted(by_topic.items()):
+                for i in range(0, len(texts) - sentences_per_doc + 1, sentences_per_doc):
+                    text = " ".join(texts[i : i + sentences_per_doc])
+                    docs.append(InputDocument(id=f"{path.stem}-c{c}-{topic}-{i}", text=text))
     return docs
 
 
@@ -217,7 +220,13 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("what", choices=["overhead", "scaling"])
     p.add_argument("--model", type=Path, required=True)
-    p.add_argument("--data", type=Path, required=True, help="sentences (.tsv with a text column)")
+    p.add_argument(
+        "--data",
+        type=Path,
+        nargs="+",
+        required=True,
+        help="sentences (.tsv with text and category columns); documents from each file",
+    )
     p.add_argument("--sentences-per-doc", type=int, default=8)
     p.add_argument("--copies", type=int, default=1)
     p.add_argument("--chunk-tokens", type=int, default=256)
