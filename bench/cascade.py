@@ -188,7 +188,7 @@ def main() -> None:
     shutil.copytree(args.model, args.work)
     print(
         f"{len(calib)} calibration documents, {len(test)} test documents;"
-        f" certifying needs >= {min_accepted(args.epsilon, args.delta / 2)} accepted per stage"
+        f" certifying needs >= {min_accepted(args.epsilon, args.delta)} accepted, none disagreeing"
     )
     spec = calibrate(
         args.work,
@@ -213,33 +213,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def stage_costs(model: Path, tokens: int, repeats: int = 5) -> dict:
-    """Median ms of each stage graph on one ``tokens``-long chunk, one thread."""
-    loaded = load_model_dir(model)
-    enc = Encoder(loaded, graphs="stages")
-    full = Encoder(loaded, graphs="full")
-    vocab = min(loaded.tokenizer.get_vocab_size(), 20_000)
-    ids = np.random.default_rng(0).integers(3, vocab, size=(1, tokens)).astype(np.int64)
-    mask = np.ones_like(ids)
-    emb = enc.embeddings(ids, mask)
-    hidden = enc.prefix(emb, mask)
-
-    def median_ms(fn) -> float:
-        fn()
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-        return float(np.median(times) * 1000)
-
-    costs = {
-        "embed": median_ms(lambda: enc.embeddings(ids, mask)),
-        "prefix": median_ms(lambda: enc.prefix(emb, mask)),
-        "suffix": median_ms(lambda: enc.suffix(hidden, mask)),
-        "full_graph": median_ms(lambda: full.logits(ids[0])),
-    }
-    costs["s1_share_of_full"] = (costs["embed"] + costs["prefix"]) / costs["full_graph"]
-    return {"tokens": tokens, "cascade_layer": loaded.manifest.cascade_layer, "ms": costs}

@@ -31,6 +31,17 @@ def test_latency_rows_have_every_length_and_a_baseline_speedup_of_one(
     assert all(r["ms_64"] > 0 and r["peak_rss_mb_256"] > 0 for r in rows)
 
 
+def test_stage_costs_are_reported_per_model_with_its_cascade_layer(
+    exported: dict[str, Path],
+) -> None:
+    rows = latency.stages([exported["bert"], exported["modernbert"]], 32, rounds=1, calls=2)
+    assert [r["directory"] for r in rows] == [str(exported["bert"]), str(exported["modernbert"])]
+    for r in rows:
+        assert r["cascade_layer"] >= 1
+        assert all(ms > 0 for ms in r["ms"].values())
+        assert 0 < r["s1_share_of_full"] < r["escalated_share_of_full"]
+
+
 @pytest.mark.kafka
 def test_the_overhead_benchmark_runs_the_real_flow(
     kafka_bootstrap: str, exported: dict[str, Path]
