@@ -179,6 +179,7 @@ def scaling(
     cascade_modes: tuple[str, ...] = ("off",),
 ) -> list[dict]:
     rows = []
+    labels: dict[tuple[int, str], dict[bytes | None, str]] = {}
     loaded = load_model_dir(model)
     n_chunks = sum(
         len(
@@ -199,6 +200,7 @@ def scaling(
         wall = time.perf_counter() - t0
         count, span = output_span_s(k)
         assert count == len(docs)
+        labels[(n, mode)] = {key: json.loads(v)["label"] for key, v in read_all(k, k.output_topic)}
         rows.append(
             {
                 "workers": n,
@@ -213,6 +215,12 @@ def scaling(
         )
     for r in rows:
         r["speedup"] = r["chunks_per_s"] / rows[0]["chunks_per_s"]
+        reference = labels.get((r["workers"], "off"))
+        if r["cascade"] != "off" and reference is not None:
+            mine = labels[(r["workers"], r["cascade"])]
+            r["document_agreement_with_off"] = sum(
+                mine[key] == label for key, label in reference.items()
+            ) / len(reference)
     return rows
 
 
