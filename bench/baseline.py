@@ -28,7 +28,6 @@ from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from kascade.dataflow.consume import read_all
 from kascade.dataflow.local_broker import ensure_local_broker
 from kascade.operators.encoder import load_model_dir
 from kascade.schemas import InputDocument
@@ -36,7 +35,13 @@ from kascade.schemas.files import write_text_atomically
 from kascade.schemas.settings import KafkaSettings
 
 from bench.chunks import long_documents
-from bench.flow import fresh_topics, kascade_run_command, latency_percentiles, send
+from bench.flow import (
+    fresh_topics,
+    kascade_run_command,
+    latency_percentiles,
+    output_labels,
+    send,
+)
 
 
 def naive_consumer(
@@ -99,7 +104,7 @@ def naive_consumer(
 
 def accuracy(k: KafkaSettings, gold: dict[str, str]) -> float:
     """Share of documents whose result on the output topic names their topic."""
-    labels = {json.loads(v)["id"]: json.loads(v)["label"] for _, v in read_all(k, k.output_topic)}
+    labels = output_labels(k)
     assert len(labels) == len(gold), f"{len(labels)} results for {len(gold)} documents"
     return sum(labels[i] == topic for i, topic in gold.items()) / len(gold)
 

@@ -71,8 +71,6 @@ def evaluate(
     cheap = cheap_stages(encoder, cascade, 0.0)
     timing = defaultdict(list)
     counts: dict[str, int] = defaultdict(int)
-    settled_agree = settled_total = 0
-    doc_agree = 0
     # per language: chunks, settled chunks, settled agreeing, documents, documents agreeing
     per_lang: dict[str, np.ndarray] = defaultdict(lambda: np.zeros(5, dtype=int))
     gold, full_pred, cascade_pred = [], [], []
@@ -114,18 +112,16 @@ def evaluate(
                 counts[x.stage] += 1
                 if x.stage in ("s0", "s1"):
                     agrees = int(x.probs.argmax() == full[x.index].argmax())
-                    settled_total += 1
-                    settled_agree += agrees
                     per_lang[language_of(doc_id)] += (0, 1, agrees, 0, 0)
         reference = [ChunkVerdict(t.index, t.n_tokens, full[t.index]) for t in tasks]
         a = aggregate(results, strategy, labels).label
         b = aggregate(reference, strategy, labels).label
-        doc_agree += int(a == b)
         per_lang[language_of(doc_id)] += (len(tasks), 0, 0, 1, int(a == b))
         gold.append(topic)
         cascade_pred.append(a)
         full_pred.append(b)
     n_chunks = sum(counts.values())
+    total = sum(per_lang.values())
     ms = {k: float(np.mean(v) * 1000) for k, v in timing.items()}
     f1_full = macro_f1(gold, full_pred, labels)
     f1_cascade = macro_f1(gold, cascade_pred, labels)
@@ -133,9 +129,9 @@ def evaluate(
         "documents": len(docs),
         "chunks": n_chunks,
         "share": {k: v / n_chunks for k, v in counts.items()},
-        "settled_chunk_agreement": settled_agree / max(settled_total, 1),
-        "settled_chunks": settled_total,
-        "document_agreement": doc_agree / len(docs),
+        "settled_chunk_agreement": total[2] / max(total[1], 1),
+        "settled_chunks": int(total[1]),
+        "document_agreement": total[4] / total[3],
         "macro_f1_full_only": f1_full,
         "macro_f1_cascade": f1_cascade,
         "f1_delta": f1_cascade - f1_full,

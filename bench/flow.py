@@ -100,6 +100,12 @@ def output_span_s(k: KafkaSettings) -> tuple[int, float]:
     return len(stamps), (max(stamps) - min(stamps)) / 1000
 
 
+def output_labels(k: KafkaSettings) -> dict[str, str]:
+    """The label of every document on the output topic, by document id."""
+    records = (json.loads(v) for _, v in read_all(k, k.output_topic))
+    return {r["id"]: r["label"] for r in records}
+
+
 def latency_percentiles(k: KafkaSettings) -> dict[str, float]:
     """p50 / p99 seconds from a document's input record to its result, by Kafka timestamps."""
     sent, done = timestamps(k, k.input_topic), timestamps(k, k.output_topic)
@@ -179,7 +185,7 @@ def scaling(
     cascade_modes: tuple[str, ...] = ("off",),
 ) -> list[dict]:
     rows = []
-    labels: dict[tuple[int, str], dict[bytes | None, str]] = {}
+    labels: dict[tuple[int, str], dict[str, str]] = {}
     loaded = load_model_dir(model)
     n_chunks = sum(
         len(
@@ -200,7 +206,7 @@ def scaling(
         wall = time.perf_counter() - t0
         count, span = output_span_s(k)
         assert count == len(docs)
-        labels[(n, mode)] = {key: json.loads(v)["label"] for key, v in read_all(k, k.output_topic)}
+        labels[(n, mode)] = output_labels(k)
         rows.append(
             {
                 "workers": n,
