@@ -73,6 +73,10 @@ class CalibrationReport(BaseModel):
     certify: int = Field(description="Chunks the thresholds were certified on.")
     head_agreement_s0: float
     head_agreement_s1: float
+    head_c_s0: float | None = Field(
+        None, description="Inverse L2 strength of S0's head, chosen by cross-validated log-loss."
+    )
+    head_c_s1: float | None = Field(None, description="The same for S1's head.")
     accepted_s0: int
     disagreements_s0: int
     accepted_s1: int

@@ -118,13 +118,56 @@ def by_language(
     return out
 
 
-def fit_head(x: np.ndarray, y: np.ndarray, n_labels: int, feature: str, seed: int) -> HeadWeights:
-    """Logistic regression on standardized features, the scaling folded into the weights."""
+# Inverse L2 strengths the heads choose from, by log-loss on a held-out share.
+HEAD_CS = tuple(float(c) for c in np.logspace(-3, 0.5, 8))
+HEAD_HELD_OUT = 0.25
+
+
+@dataclass(frozen=True)
+class FittedHead:
+    weights: HeadWeights
+    c: float  # the inverse L2 strength chosen on held-out fitting chunks
+
+
+def choose_c(z: np.ndarray, y: np.ndarray, seed: int) -> float:
+    """The inverse L2 strength of :data:`HEAD_CS` with the least log-loss on a stratified
+    held-out share of the fitting chunks.
+
+    Too few chunks to hold every label out keeps sklearn's default:
+
+    >>> choose_c(np.zeros((6, 2)), np.array([0, 0, 1, 1, 2, 2]), seed=0)
+    1.0
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import log_loss
+    from sklearn.model_selection import train_test_split
+
+    counts = np.unique(y, return_counts=True)[1]
+    if counts.min() < 2 or math.ceil(len(y) * HEAD_HELD_OUT) < len(counts):
+        return 1.0
+    zt, zv, yt, yv = train_test_split(z, y, test_size=HEAD_HELD_OUT, stratify=y, random_state=seed)
+    losses = []
+    for c in HEAD_CS:
+        clf = LogisticRegression(C=c, max_iter=3000, random_state=seed).fit(zt, yt)
+        losses.append(log_loss(yv, clf.predict_proba(zv), labels=clf.classes_))
+    return HEAD_CS[int(np.argmin(losses))]
+
+
+def fit_head(x: np.ndarray, y: np.ndarray, n_labels: int, feature: str, seed: int) -> FittedHead:
+    """Logistic regression on standardized features, the scaling folded into the weights.
+
+    Its L2 strength is chosen by held-out log-loss, because thresholds read its
+    probabilities: fixed at C = 1, the S1 head of multilingual-e5 was confidently wrong
+    (138 of the 2,634 unseen chunks it gave >= 0.99 disagreed with the full model), so no
+    threshold could certify epsilon 0.01; with C chosen (0.01-0.03 there) it certified
+    with 46% of chunks settled (docs/BENCHMARKS.md, section 13).
+    """
     from sklearn.linear_model import LogisticRegression
 
     mean, std = x.mean(axis=0), x.std(axis=0) + 1e-6
-    clf = LogisticRegression(C=1.0, max_iter=3000, random_state=seed)
-    clf.fit((x - mean) / std, y)
+    z = (x - mean) / std
+    c = choose_c(z, y, seed)
+    clf = LogisticRegression(C=c, max_iter=3000, random_state=seed).fit(z, y)
     weight = np.zeros((n_labels, x.shape[1]))
     bias = np.full(n_labels, -30.0)  # labels never seen in fitting: never predicted
     coef, intercept = clf.coef_, clf.intercept_
@@ -134,7 +177,7 @@ def fit_head(x: np.ndarray, y: np.ndarray, n_labels: int, feature: str, seed: in
     for row, cls in enumerate(clf.classes_):
         weight[cls] = coef[row] / std
         bias[cls] = intercept[row] - coef[row] @ (mean / std)
-    return HeadWeights(feature=feature, weight=weight.tolist(), bias=bias.tolist())
+    return FittedHead(HeadWeights(feature=feature, weight=weight.tolist(), bias=bias.tolist()), c)
 
 
 def _probs(head: HeadWeights, x: np.ndarray) -> np.ndarray:
@@ -263,8 +306,9 @@ def calibrate(
         f0, f1 = np.vstack([f0, extra.embeddings]), np.vstack([f1, extra.hidden])
         yf = np.concatenate([yf, extra.target])
     labels = len(m.labels)
-    s0 = fit_head(f0, yf, labels, "embeddings", seed)
-    s1 = fit_head(f1, yf, labels, "hidden", seed)
+    fitted0 = fit_head(f0, yf, labels, "embeddings", seed)
+    fitted1 = fit_head(f1, yf, labels, "hidden", seed)
+    s0, s1 = fitted0.weights, fitted1.weights
 
     def cascade_view(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         p0, p1 = _probs(s0, x0[idx]), _probs(s1, x1[idx])
@@ -313,6 +357,8 @@ def calibrate(
         certify=len(cert),
         head_agreement_s0=agree0,
         head_agreement_s1=agree1,
+        head_c_s0=fitted0.c,
+        head_c_s1=fitted1.c,
         accepted_s0=n0,
         disagreements_s0=k0,
         accepted_s1=n1,

@@ -196,7 +196,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     )
     print(
         f"heads agree with the full model on {r.head_agreement_s0:.1%} (S0) and"
-        f" {r.head_agreement_s1:.1%} (S1) of certification chunks"
+        f" {r.head_agreement_s1:.1%} (S1) of certification chunks (L2 strength C chosen on"
+        f" held-out fitting chunks: {r.head_c_s0:g} and {r.head_c_s1:g})"
     )
     print(
         f"thresholds S0 {point.threshold_s0:.4f}, S1 {point.threshold_s1:.4f}: expected share"
