@@ -74,7 +74,7 @@ class CalibrationReport(BaseModel):
     head_agreement_s0: float
     head_agreement_s1: float
     head_c_s0: float | None = Field(
-        None, description="Inverse L2 strength of S0's head, chosen by cross-validated log-loss."
+        None, description="Inverse L2 strength of S0's head, chosen by held-out log-loss."
     )
     head_c_s1: float | None = Field(None, description="The same for S1's head.")
     accepted_s0: int

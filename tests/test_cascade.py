@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from kascade.operators.cascade import CascadeLogic, Verdict, audit_pick
+from kascade.operators.cascade import CascadeLogic, Head, Verdict, audit_pick
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
 from kascade.schemas import Aggregation
 from kascade.toolchain.calibrate import (
     HEAD_CS,
     PATH,
-    _probs,
     certify,
     fit_head,
     min_accepted,
@@ -176,36 +175,32 @@ def test_the_default_path_runs_from_conservative_to_aggressive() -> None:
     assert list(PATH) == sorted(PATH, reverse=True)
 
 
-def _blobs(n: int, separation: float, label_noise: float, seed: int):
+def _blobs(n: int, separation: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Three labels in 20 dimensions, the first feature carrying the label."""
     rng = np.random.default_rng(seed)
     y = rng.integers(0, 3, size=n)
     x = rng.normal(size=(n, 20)) * 3.0 + 1.0
     x[:, 0] += separation * y
-    flip = rng.random(n) < label_noise
-    y[flip] = rng.integers(0, 3, size=int(flip.sum()))
     return x, y
 
 
 def test_a_head_on_labels_it_cannot_predict_is_regularized_into_modest_confidence() -> None:
-    x, y = _blobs(1200, separation=0.0, label_noise=0.0, seed=1)
-    fitted = fit_head(x, y, 3, "hidden", seed=0)
+    fitted = fit_head(*_blobs(1200, separation=0.0, seed=1), 3, "hidden", seed=0)
     assert fitted.c == HEAD_CS[0]
-    probs = _probs(fitted.weights, _blobs(500, 0.0, 0.0, seed=2)[0])
+    probs = Head.of(fitted.weights).probs(_blobs(500, 0.0, seed=2)[0])
     assert probs.max(axis=1).max() < 0.6  # no threshold on the path accepts noise
 
 
 def test_a_head_on_separable_features_keeps_a_weak_penalty_and_high_confidence() -> None:
-    x, y = _blobs(1200, separation=12.0, label_noise=0.0, seed=3)
-    fitted = fit_head(x, y, 3, "hidden", seed=0)
+    fitted = fit_head(*_blobs(1200, separation=12.0, seed=3), 3, "hidden", seed=0)
     assert fitted.c > HEAD_CS[2]
-    test_x, test_y = _blobs(500, 12.0, 0.0, seed=4)
-    probs = _probs(fitted.weights, test_x)
+    test_x, test_y = _blobs(500, 12.0, seed=4)
+    probs = Head.of(fitted.weights).probs(test_x)
     assert (probs.argmax(axis=1) == test_y).mean() > 0.95
     assert np.median(probs.max(axis=1)) > 0.99
 
 
 def test_a_head_never_predicts_a_label_it_was_not_fitted_on() -> None:
-    x, y = _blobs(300, separation=12.0, label_noise=0.0, seed=5)
+    x, y = _blobs(300, separation=12.0, seed=5)
     fitted = fit_head(x, y, 5, "hidden", seed=0)  # labels 3 and 4 never occur
-    assert set(_probs(fitted.weights, x).argmax(axis=1)) <= {0, 1, 2}
+    assert set(Head.of(fitted.weights).probs(x).argmax(axis=1)) <= {0, 1, 2}

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kascade.operators.cascade import pooled
+from kascade.operators.cascade import Head, pooled
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas.cascade import (
@@ -180,13 +180,6 @@ def fit_head(x: np.ndarray, y: np.ndarray, n_labels: int, feature: str, seed: in
     return FittedHead(HeadWeights(feature=feature, weight=weight.tolist(), bias=bias.tolist()), c)
 
 
-def _probs(head: HeadWeights, x: np.ndarray) -> np.ndarray:
-    z = x @ np.asarray(head.weight).T + np.asarray(head.bias)
-    z -= z.max(axis=1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=1, keepdims=True)
-
-
 # The path of thresholds fixed-sequence testing walks, most conservative first. It is
 # fixed in advance (not chosen on the data), so every calibration chunk can go to
 # certification. S0, the weaker head, gets a stricter threshold on the same path.
@@ -311,7 +304,8 @@ def calibrate(
     s0, s1 = fitted0.weights, fitted1.weights
 
     def cascade_view(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        p0, p1 = _probs(s0, x0[idx]), _probs(s1, x1[idx])
+        # The runtime's own heads, so thresholds are certified on what a run computes.
+        p0, p1 = Head.of(s0).probs(x0[idx]), Head.of(s1).probs(x1[idx])
         return p0.max(1), p0.argmax(1) != y[idx], p1.max(1), p1.argmax(1) != y[idx]
 
     def accepted_at(t: float, view) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
