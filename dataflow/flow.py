@@ -23,7 +23,7 @@ from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.validate import Received, kafka_errors, validate
 from kascade.schemas import CascadeUse, DeadLetter, ModelIdentity
-from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch
+from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, StopRule
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.quarantine import Coordinates, Quarantine
 from kascade.schemas.settings import Settings
@@ -99,6 +99,41 @@ def cascade_use(settings: Settings, model: Loaded) -> CascadeUse:
     return CascadeUse.UNCERTIFIED
 
 
+def document_stop(settings: Settings, model: Loaded, use: CascadeUse) -> StopRule | None:
+    """The certified stop a run reads documents up to (``None``: it reads every chunk),
+    from ``cascade.reading`` and the model's ``cascade.json``.
+
+    Raises :class:`CascadeMismatch` when certified reading is asked for and cannot be had;
+    ``auto`` reads every chunk instead (saying why, where a stop exists but cannot serve).
+    """
+    c = settings.cascade
+    if c.reading == "all":
+        return None
+    why = None
+    if use is not CascadeUse.ON:
+        why = "the document stop reads the cascade's verdicts, and the cascade is off"
+    else:
+        spec = Cascade.load(model.directory, model.manifest_sha256, c.operating_point).spec
+        stop = spec.document_stop
+        if stop is None:
+            why = (
+                f"{model.directory / CASCADE_FILE} has no certified document stop; run"
+                " kascade calibrate --documents"
+            )
+        elif stop.aggregation != settings.aggregation:
+            why = (
+                f"the document stop was certified for aggregation {stop.aggregation.value},"
+                f" this run uses {settings.aggregation.value}"
+            )
+            if c.reading == "auto":
+                log.warning("%s: reading every chunk", why)
+        else:
+            return stop.rule
+    if c.reading == "certified":
+        raise CascadeMismatch(f"cascade.reading=certified: {why}")
+    return None
+
+
 def prepare(settings: Settings) -> Loaded:
     """The verified model of a run, after every check that needs no broker: the model
     directory against its manifest, the chunk size against the model, the cascade."""
@@ -112,7 +147,7 @@ def prepare(settings: Settings) -> Loaded:
             f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
             f" {model.manifest.max_length}"
         )
-    cascade_use(settings, model)
+    document_stop(settings, model, cascade_use(settings, model))
     return model
 
 
@@ -130,6 +165,7 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
     """
     model = model or prepare(settings)
     use = cascade_use(settings, model)
+    stop = document_stop(settings, model, use)
     labeling = Labeling(
         labels=model.manifest.labels,
         aggregation=settings.aggregation,
@@ -138,7 +174,14 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
     )
     flow = Dataflow("kascade")
     docs, dead = ingest(flow, settings)
-    chunked = chunk("chunk", docs, model.directory / TOKENIZER, settings.chunking)
+    chunked = chunk(
+        "chunk",
+        docs,
+        model.directory / TOKENIZER,
+        settings.chunking,
+        cut_at_limit=stop is not None,
+    )
+    late_dead = []
     if use is CascadeUse.ON:
         cheap = cascade(
             "cascade",
@@ -147,7 +190,9 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
             settings.cascade,
             settings.encoder.threads,
             settings.aggregation,
+            stop,
         )
+        late_dead.append(cheap.dead)
         # Chunks of one document may run on different workers: the full model is the cost.
         spread = op.redistribute("spread", cheap.escalations)
         full = classify("classify", spread, model.directory, settings.encoder, graphs="stages")
@@ -172,7 +217,7 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
         DeliveryCheckedSink(settings.kafka, settings.kafka.output_topic),
     )
     dead_letter_output(
-        op.merge("all_dead", dead, chunked.dead, sendable.falses),  # type: ignore[arg-type]
+        op.merge("all_dead", dead, chunked.dead, sendable.falses, *late_dead),  # type: ignore[arg-type]
         settings,
     )
     return flow

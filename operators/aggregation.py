@@ -44,7 +44,7 @@ def _token_mean(probs: np.ndarray, weights: np.ndarray) -> np.ndarray:
     return (probs * weights[:, None]).sum(axis=0) / weights.sum()
 
 
-def _lead(values: np.ndarray) -> float:
+def lead(values: np.ndarray) -> float:
     """How far the top value is ahead of the next one."""
     top = int(values.argmax())
     return float(values[top] - np.delete(values, top).max())
@@ -65,7 +65,7 @@ class TokenMean(Strategy):
         if len(probs) == 0:
             return False
         # Worst case: every unknown chunk puts all its weight on the strongest rival.
-        return _lead((probs * weights[:, None]).sum(axis=0)) > sum(unknown)
+        return lead((probs * weights[:, None]).sum(axis=0)) > sum(unknown)
 
 
 class Max(Strategy):
@@ -100,7 +100,7 @@ class Majority(Strategy):
         if len(probs) == 0:
             return False
         votes = np.bincount(probs.argmax(axis=1), minlength=probs.shape[1]).astype(np.float64)
-        return _lead(votes) > len(unknown)
+        return lead(votes) > len(unknown)
 
 
 STRATEGIES: dict[Aggregation, Strategy] = {s.name: s for s in (TokenMean(), Max(), Majority())}

@@ -7,14 +7,18 @@ LayerNorm: microseconds); S1 reads the mean hidden state after ``cascade_layer``
 output so nothing is computed twice. A stage settles a chunk when its head's top
 probability reaches the stage's calibrated threshold.
 
-Per document (:class:`CascadeLogic`), once every chunk has been through S0/S1, the
-uncertain chunks are escalated only if their full-model answers could still change
-the document's label under the reduce strategy (:meth:`Strategy.decided`); otherwise
-they are skipped and their S1 estimate stands.
+Per document (:class:`CascadeLogic`), chunks are read in order. With a certified
+document stop (:mod:`kascade.operators.reading`), reading ends as soon as the cheap
+verdicts so far make the full read's label certain, and the remaining chunks are never
+computed. Otherwise, once every chunk has been through S0/S1, the uncertain chunks are
+escalated only if their full-model answers could still change the document's label
+under the reduce strategy (:meth:`Strategy.decided`); if not they are skipped and their
+S1 estimate stands.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -31,14 +35,17 @@ from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.encoder import Encoder, softmax
 from kascade.operators.full_model import worker_encoder
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
-from kascade.schemas import Aggregation
+from kascade.operators.reading import Seen, stop_label
+from kascade.schemas import Aggregation, DeadLetter, Reading, StopReason
 from kascade.schemas.cascade import (
     CASCADE_FILE,
     CASCADE_VERSION,
+    READABLE_VERSIONS,
     CascadeMismatch,
     CascadeSpec,
     HeadWeights,
     OperatingPoint,
+    StopRule,
 )
 from kascade.schemas.settings import CascadeSettings, ChunkSettings
 
@@ -85,7 +92,7 @@ class Cascade:
             raise CascadeMismatch(f"{model_dir} has no {CASCADE_FILE}; run kascade calibrate")
         try:
             raw = json.loads(path.read_text())
-            if raw.get("version") != CASCADE_VERSION:
+            if raw.get("version") not in READABLE_VERSIONS:
                 raise CascadeMismatch(
                     f"{path} has format version {raw.get('version')}, this kascade reads"
                     f" {CASCADE_VERSION}; run kascade calibrate again"
@@ -142,43 +149,106 @@ def audit_pick(doc_id: str, index: int, fraction: float) -> bool:
 
 @dataclass
 class CascadeState:
-    """One document: the cheap verdict of every chunk seen so far."""
+    """One document: the chunks that arrived, and the cheap verdicts of those read so far
+    (in order: chunk ``i`` is read only after chunks ``0..i-1``)."""
 
     meta: DocMeta
     tasks: dict[int, ChunkTask] = field(default_factory=dict)
     verdicts: dict[int, Verdict] = field(default_factory=dict)
+    arrived: set[int] = field(default_factory=set)
+    decided: bool = False  # labeled or escalated: later arrivals are not read
+
+    @property
+    def read(self) -> int:
+        return len(self.verdicts)
 
 
 CheapStages = Callable[[ChunkTask], Verdict]
+Out = ChunkResult | Escalation | DeadLetter
 
 
 @dataclass
-class CascadeLogic(StatefulLogic[ChunkTask, "ChunkResult | Escalation", CascadeState]):
-    """Per document: cheap stages on each chunk as it arrives; when all are in, settle,
-    skip or escalate them (document-level early exit)."""
+class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
+    """Per document: read the chunks in order through the cheap stages; stop as soon as
+    the certified ``stop`` rule knows the label (the rest are never computed), or, when
+    every chunk is read, settle, skip or escalate them (document-level early exit).
+
+    A text cut at the chunk limit whose stop did not come before it is dead-lettered
+    ``too_long`` (its first chunk carries that dead letter).
+    """
 
     cheap: CheapStages
     strategy: Aggregation
     audit_fraction: float = 0.0
     state: CascadeState | None = None
+    stop: StopRule | None = None  # None: read every chunk
 
-    def on_item(self, value: ChunkTask) -> tuple[list[ChunkResult | Escalation], bool]:
+    def on_item(self, value: ChunkTask) -> tuple[list[Out], bool]:
         if self.state is None:
             self.state = CascadeState(value.doc)
         s = self.state
-        if value.index not in s.verdicts:  # a replayed chunk is not classified twice
+        s.arrived.add(value.index)
+        out: list[Out] = []
+        if not s.decided and value.index not in s.tasks:  # a replay is not read twice
             s.tasks[value.index] = value
+            out = self._read_on(s)
+        if s.decided and len(s.arrived) >= s.meta.total_chunks:
+            return out, StatefulLogic.DISCARD
+        return out, StatefulLogic.RETAIN
+
+    def _read_on(self, s: CascadeState) -> list[Out]:
+        """Read every chunk that is next in order; the document's results once decided."""
+        text_chunks = (
+            s.meta.text_chunks if s.meta.text_chunks is not None else (s.meta.total_chunks)
+        )
+        while s.read in s.tasks:
+            task = s.tasks[s.read]
             try:
-                with inflight.inside(value.doc.source, "cascade"):
-                    s.verdicts[value.index] = self.cheap(value)
+                with inflight.inside(task.doc.source, "cascade"):
+                    verdict = self.cheap(task)
             except Exception:  # the cheap stages are an optimisation: the full model decides
                 metrics.CHEAP_FAILURES.inc()
-                s.verdicts[value.index] = Verdict("uncertain", None)
-        if len(s.verdicts) < s.meta.total_chunks:
-            return [], StatefulLogic.RETAIN
-        return self._decide(s), StatefulLogic.DISCARD
+                verdict = Verdict("uncertain", None)
+            s.verdicts[task.index] = verdict
+            if self.stop is not None and s.read < text_chunks and self._certain(s):
+                s.decided = True
+                return self._stopped(s, text_chunks)
+            if s.read == s.meta.total_chunks:
+                s.decided = True
+                over = s.tasks[0].doc.over_limit
+                return [over] if over is not None else self._decide(s)
+        return []
 
-    def _decide(self, s: CascadeState) -> list[ChunkResult | Escalation]:
+    def _certain(self, s: CascadeState) -> bool:
+        assert self.stop is not None
+        seen = [
+            Seen(v.stage != "uncertain", v.probs, s.tasks[i].n_tokens)
+            for i, v in sorted(s.verdicts.items())
+        ]
+        return stop_label(self.stop, seen, self.strategy) is not None
+
+    def _stopped(self, s: CascadeState, text_chunks: int) -> list[Out]:
+        """Results for the chunks read before a certified stop; uncertain ones among them
+        keep their cheap estimate (the stop's label does not depend on them)."""
+        last = s.tasks[s.read - 1]
+        reading = Reading(
+            chunks_read=s.read,
+            chunks_total=text_chunks,
+            tokens_read=last.end_token,
+            tokens_total=s.meta.text_tokens,
+            stopped=StopReason.CERTAIN,
+        )
+        out: list[Out] = []
+        for i, v in sorted(s.verdicts.items()):
+            t = s.tasks[i]
+            t = dataclasses.replace(t, doc=dataclasses.replace(t.doc, reading=reading))
+            stage = v.stage if v.stage != "uncertain" else "skipped"
+            out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=stage))
+            if stage != "skipped" and audit_pick(t.doc.id, i, self.audit_fraction):
+                out.append(Escalation(t, v.hidden, None, audit_of=int(v.probs.argmax())))
+        return out
+
+    def _decide(self, s: CascadeState) -> list[Out]:
         settled = {i: v for i, v in s.verdicts.items() if v.stage != "uncertain"}
         uncertain = {i: v for i, v in s.verdicts.items() if v.stage == "uncertain"}
         known = sorted(settled)
@@ -191,7 +261,7 @@ class CascadeLogic(StatefulLogic[ChunkTask, "ChunkResult | Escalation", CascadeS
             np.asarray([float(s.tasks[i].n_tokens) for i in known]),
             [float(s.tasks[i].n_tokens) for i in uncertain],
         )
-        out: list[ChunkResult | Escalation] = []
+        out: list[Out] = []
         for i, v in sorted(settled.items()):
             t = s.tasks[i]
             out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=v.stage))
@@ -207,7 +277,8 @@ class CascadeLogic(StatefulLogic[ChunkTask, "ChunkResult | Escalation", CascadeS
 
     def snapshot(self) -> CascadeState:
         assert self.state is not None
-        return CascadeState(self.state.meta, dict(self.state.tasks), dict(self.state.verdicts))
+        s = self.state
+        return CascadeState(s.meta, dict(s.tasks), dict(s.verdicts), set(s.arrived), s.decided)
 
 
 def cheap_stages(encoder: Encoder, cascade: Cascade, audit_fraction: float) -> CheapStages:
@@ -246,6 +317,7 @@ def _worker_cascade(
 class CascadeOut:
     settled: Stream[ChunkResult]
     escalations: Stream[Escalation]
+    dead: Stream[DeadLetter]  # texts cut at the chunk limit whose stop did not come
 
 
 @operator
@@ -256,16 +328,23 @@ def cascade(
     settings: CascadeSettings,
     threads: int,
     strategy: Aggregation,
+    stop: StopRule | None = None,
 ) -> CascadeOut:
-    """Cheap stages per chunk on the document's worker; escalations leave for any worker."""
+    """Cheap stages per chunk on the document's worker, read in order up to a certified
+    ``stop`` (``None``: every chunk); escalations leave for any worker."""
 
     def build(resume: CascadeState | None) -> CascadeLogic:
         cheap = _worker_cascade(
             str(model_dir), threads, settings.operating_point, settings.audit_fraction
         )
-        return CascadeLogic(cheap, strategy, settings.audit_fraction, resume)
+        return CascadeLogic(cheap, strategy, settings.audit_fraction, resume, stop)
 
     keyed = op.key_on("by_document", up, lambda t: t.doc.id)
     decided = op.key_rm("unkey", op.stateful("stages", keyed, build))
-    split = op.branch("escalate", decided, lambda x: isinstance(x, Escalation))
-    return CascadeOut(settled=split.falses, escalations=split.trues)  # type: ignore[arg-type]
+    dead = op.branch("too_long", decided, lambda x: isinstance(x, DeadLetter))
+    split = op.branch("escalate", dead.falses, lambda x: isinstance(x, Escalation))
+    return CascadeOut(
+        settled=split.falses,  # type: ignore[arg-type]
+        escalations=split.trues,  # type: ignore[arg-type]
+        dead=dead.trues,  # type: ignore[arg-type]
+    )

@@ -59,6 +59,9 @@ class Chunk:
     ids: np.ndarray  # int64 token ids, special tokens included
     start_char: int
     end_char: int
+    end_token: int  # the text's tokens (no special tokens) up to the end of this chunk
+    text_tokens: int  # tokens of the whole text
+    text_chunks: int  # chunks of the whole text (more than returned when cut at the limit)
 
     @property
     def n_tokens(self) -> int:
@@ -99,12 +102,14 @@ def chunk_text(
     overlap: int,
     max_chunks: int,
     specials: SpecialTokens | None = None,
+    cut_at_limit: bool = False,
 ) -> list[Chunk]:
     """Chunks of ``text`` of at most ``max_tokens`` ids each (special tokens included).
 
     Empty or whitespace-only text has no chunks. A document needing more than
     ``max_chunks`` chunks raises :class:`ChunkLimitExceeded` (so it can be dead-lettered
-    with its reason rather than silently truncated).
+    with its reason rather than silently truncated), or with ``cut_at_limit`` gives its
+    first ``max_chunks`` (for a reader that may stop before the limit).
     """
     specials = specials or SpecialTokens.of(tokenizer)
     room = max_tokens - len(specials)
@@ -114,7 +119,7 @@ def chunk_text(
         return []
     enc = tokenizer.encode(text, add_special_tokens=False)
     spans = windows(len(enc.ids), size=room, overlap=min(overlap, room - 1))
-    if len(spans) > max_chunks:
+    if len(spans) > max_chunks and not cut_at_limit:
         raise ChunkLimitExceeded(
             f"{len(enc.ids)} tokens make {len(spans)} chunks; the limit is {max_chunks}"
         )
@@ -127,8 +132,11 @@ def chunk_text(
             ids=np.concatenate([prefix, ids[a:b], suffix]),
             start_char=enc.offsets[a][0],
             end_char=enc.offsets[b - 1][1],
+            end_token=b,
+            text_tokens=len(enc.ids),
+            text_chunks=len(spans),
         )
-        for i, (a, b) in enumerate(spans)
+        for i, (a, b) in enumerate(spans[:max_chunks])
     ]
 
 
@@ -145,8 +153,14 @@ def split(
     settings: ChunkSettings,
     *,
     stage: str,
+    cut_at_limit: bool = False,
 ) -> list[ChunkTask | DocMeta | DeadLetter]:
-    """A document's chunks, its metadata alone (no tokens), or a dead letter; never raises."""
+    """A document's chunks, its metadata alone (no tokens), or a dead letter; never raises.
+
+    With ``cut_at_limit`` a text longer than ``settings.max_chunks`` chunks is cut there,
+    its first chunk carrying the too_long dead letter that is sent if reading does not
+    stop before the limit.
+    """
     metrics.DOCS_IN.inc()
     with metrics.STAGE_SECONDS.labels("chunk").time(), inflight.inside(r.position, stage):
         try:
@@ -157,6 +171,7 @@ def split(
                 overlap=settings.overlap,
                 max_chunks=settings.max_chunks,
                 specials=specials,
+                cut_at_limit=cut_at_limit,
             )
         except ChunkLimitExceeded as e:
             return [r.dead_letter(DeadLetterReason.TOO_LONG, str(e), stage)]
@@ -173,12 +188,26 @@ def split(
         metadata=r.doc.metadata,
         timestamp_ms=r.timestamp_ms,
         source=r.position,
+        text_tokens=chunks[0].text_tokens if chunks else 0,
+        text_chunks=chunks[0].text_chunks if chunks else 0,
     )
-    first = dataclasses.replace(meta, envelope=r.envelope)
+    over = None
+    if chunks and chunks[0].text_chunks > len(chunks):
+        over = r.dead_letter(
+            DeadLetterReason.TOO_LONG,
+            f"{meta.text_tokens} tokens make {meta.text_chunks} chunks; the limit is"
+            f" {settings.max_chunks}, and reading its first {len(chunks)} did not make the"
+            " label certain",
+            stage,
+        )
+    first = dataclasses.replace(meta, envelope=r.envelope, over_limit=over)
     if not chunks:
         return [first]
     metrics.CHUNKS_IN.inc(len(chunks))
-    return [ChunkTask(first if c.index == 0 else meta, c.index, c.ids, c.n_tokens) for c in chunks]
+    return [
+        ChunkTask(first if c.index == 0 else meta, c.index, c.ids, c.n_tokens, c.end_token)
+        for c in chunks
+    ]
 
 
 @dataclass(frozen=True)
@@ -192,13 +221,17 @@ class ChunkOut:
 
 @operator
 def chunk(
-    step_id: str, up: Stream[Received], tokenizer_path: Path, settings: ChunkSettings
+    step_id: str,
+    up: Stream[Received],
+    tokenizer_path: Path,
+    settings: ChunkSettings,
+    cut_at_limit: bool = False,
 ) -> ChunkOut:
     """Split each document into :class:`ChunkTask` items (tokenizer loaded once per process)."""
 
     def split_one(r: Received) -> list[ChunkTask | DocMeta | DeadLetter]:
         tok, specials = _tokenizer(str(tokenizer_path))
-        return split(r, tok, specials, settings, stage=step_id)
+        return split(r, tok, specials, settings, stage=step_id, cut_at_limit=cut_at_limit)
 
     items = op.flat_map("split", up, split_one)
     is_chunk = op.branch("is_chunk", items, lambda x: isinstance(x, ChunkTask))

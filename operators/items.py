@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from kascade.schemas import KafkaHeaders, SourcePosition
+from kascade.schemas import DeadLetter, KafkaHeaders, Reading, SourcePosition
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,25 @@ class DocMeta:
     """What the reduce step needs to know about a document, carried with each chunk."""
 
     id: str
-    total_chunks: int
+    total_chunks: int  # chunks made and sent (the text's first ``chunking.max_chunks``)
     lang: str | None
     metadata: dict[str, Any] | None
     timestamp_ms: int | None
     source: SourcePosition | None = None  # where the document was read, for dead letters
     # Only the first chunk carries it, so a large event is not copied with every chunk.
     envelope: Envelope | None = None
+    text_tokens: int = 0
+    text_chunks: int | None = None  # None: total_chunks, the whole text
+    # A text longer than the chunk limit, cut there for a reader that may stop before it:
+    # its too_long dead letter, sent if the stop does not come (first chunk only).
+    over_limit: DeadLetter | None = None
+    # Set by a certified stop, on every chunk it lets through: how much was read.
+    reading: Reading | None = None
+
+    @property
+    def chunks_expected(self) -> int:
+        """Chunk results that make this document complete."""
+        return self.total_chunks if self.reading is None else self.reading.chunks_read
 
 
 @dataclass(frozen=True)
@@ -51,6 +63,7 @@ class ChunkTask:
     index: int
     ids: np.ndarray
     n_tokens: int
+    end_token: int = 0  # the text's tokens up to this chunk's end
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,11 @@ DOC_LATENCY = Histogram(
 CHUNKS_SETTLED = Counter(
     "kascade_chunks_settled_total", "Chunks settled without the full model", ["stage"]
 )
+TOKENS = Counter(
+    "kascade_tokens_total",
+    "Tokens of labeled documents: read, or skipped by a certified document stop",
+    ["reading"],
+)
 AUDITS = Counter("kascade_audits_total", "Settled chunks re-checked by the full model", ["agree"])
 RESTARTS = Gauge(
     "kascade_worker_restarts",

@@ -21,9 +21,18 @@ import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
+from kascade.operators import metrics
 from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.items import ChunkResult, DocMeta, Envelope
-from kascade.schemas import Aggregation, CascadeUse, ChunkCounts, ModelIdentity, OutputRecord
+from kascade.schemas import (
+    Aggregation,
+    CascadeUse,
+    ChunkCounts,
+    ModelIdentity,
+    OutputRecord,
+    Reading,
+    StopReason,
+)
 
 
 @dataclass(frozen=True)
@@ -82,17 +91,37 @@ class Assembly:
 
     @property
     def complete(self) -> bool:
-        return len(self.results) >= self.meta.total_chunks
+        return len(self.results) >= self.meta.chunks_expected
 
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
+def reading_of(meta: DocMeta) -> Reading:
+    """How much of the document was read: what a certified stop recorded, else all of it.
+
+    >>> meta = DocMeta("d", total_chunks=3, lang=None, metadata=None, timestamp_ms=None,
+    ...                text_tokens=700)
+    >>> reading_of(meta).stopped.value, reading_of(meta).tokens_read
+    ('end', 700)
+    """
+    if meta.reading is not None:
+        return meta.reading
+    return Reading(
+        chunks_read=meta.total_chunks,
+        chunks_total=meta.total_chunks,
+        tokens_read=meta.text_tokens,
+        tokens_total=meta.text_tokens,
+        stopped=StopReason.END,
+    )
+
+
 def label_document(
     meta: DocMeta, results: list[ChunkResult], labeling: Labeling, now_ms: int
 ) -> OutputRecord:
     """The output record of a complete document."""
+    reading = reading_of(meta)
     verdicts = [ChunkVerdict(r.index, r.n_tokens, r.probs) for r in results]
     doc = aggregate(verdicts, labeling.aggregation, labeling.labels)
     stages = Counter(r.stage for r in results if r.probs is not None)
@@ -105,11 +134,12 @@ def label_document(
         scores=doc.scores,
         aggregation=labeling.aggregation,
         chunks=ChunkCounts(
-            total=meta.total_chunks,
+            total=reading.chunks_total,
             settled_s0=stages["s0"],
             settled_s1=stages["s1"],
             full_model=stages["full"],
             skipped=stages["skipped"],
+            unread=reading.chunks_total - reading.chunks_read,
             failed=sum(1 for r in results if r.error),
         ),
         model=labeling.model,
@@ -117,6 +147,7 @@ def label_document(
         degraded=bool(reasons),
         reasons=reasons,
         cascade=labeling.cascade,
+        reading=reading,
         lang=meta.lang,
         metadata=meta.metadata,
         source=meta.source,
@@ -156,7 +187,11 @@ class Labeled:
 
 
 def labeled(meta: DocMeta, results: list[ChunkResult], labeling: Labeling, now_ms: int) -> Labeled:
-    return Labeled(label_or_degraded(meta, results, labeling, now_ms), meta.envelope)
+    record = label_or_degraded(meta, results, labeling, now_ms)
+    if record.reading is not None:
+        metrics.TOKENS.labels("read").inc(record.reading.tokens_read)
+        metrics.TOKENS.labels("skipped").inc(record.reading.skipped_tokens)
+    return Labeled(record, meta.envelope)
 
 
 @dataclass

@@ -17,7 +17,9 @@ from kascade.schemas.records import (
     KafkaHeaders,
     ModelIdentity,
     OutputRecord,
+    Reading,
     SourcePosition,
+    StopReason,
 )
 
 __all__ = [
@@ -32,5 +34,7 @@ __all__ = [
     "KafkaHeaders",
     "ModelIdentity",
     "OutputRecord",
+    "Reading",
     "SourcePosition",
+    "StopReason",
 ]

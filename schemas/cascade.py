@@ -9,6 +9,7 @@ them.
 
 from __future__ import annotations
 
+from kascade.schemas.records import Aggregation
 from pydantic import BaseModel, ConfigDict, Field
 
 from kascade.errors import KascadeError
@@ -17,7 +18,9 @@ CASCADE_FILE = "cascade.json"
 # The guarantee kascade calibrate certifies unless told otherwise.
 DEFAULT_EPSILON = 0.01
 DEFAULT_DELTA = 0.05
-CASCADE_VERSION = 2  # 2: records the chunking and tokenizer it was certified on
+# 2: records the chunking and tokenizer it was certified on; 3: may hold a document stop
+CASCADE_VERSION = 3
+READABLE_VERSIONS = (2, 3)
 
 
 class CascadeMismatch(KascadeError):
@@ -112,6 +115,57 @@ class OperatingPoint(BaseModel):
     calibration_disagreements: int
 
 
+class StopRule(BaseModel):
+    """When reading a document may stop: after at least ``min_chunks`` chunks, when the
+    last ``min_chunks`` read were all settled by the cheap stages with one label, and the
+    token-weighted mean of every chunk read so far puts that label ahead of the next by at
+    least ``min_lead``.
+
+    >>> StopRule(min_chunks=2, min_lead=0.5).describe()
+    'the last 2 chunks settled alike, lead >= 0.5'
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_chunks: int = Field(ge=1)
+    min_lead: float = Field(ge=0.0, le=1.0)
+
+    def describe(self) -> str:
+        last = (
+            "the last chunk settled"
+            if self.min_chunks == 1
+            else (f"the last {self.min_chunks} chunks settled alike")
+        )
+        return f"{last}, lead >= {self.min_lead:g}"
+
+
+class DocumentStop(BaseModel):
+    """A certified stop: with probability at least ``1 - delta`` over the calibration
+    draw, of the documents whose reading it ends early, at most ``epsilon`` get another
+    label than the full model gives reading every chunk (documents drawn like the
+    calibration documents, chunked as ``CascadeSpec.chunking``, cheap stages at the
+    default operating point)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    rule: StopRule
+    aggregation: Aggregation = Field(
+        description="How the full read combines chunks: the label the stop is held to."
+    )
+    epsilon: float = Field(gt=0, lt=1)
+    delta: float = Field(gt=0, lt=1)
+    documents: int = Field(ge=0, description="Calibration documents it was certified on.")
+    stopped: int = Field(ge=0, description="Of those, documents it stopped before the end.")
+    disagreements: int = Field(ge=0, description="Stopped documents labeled otherwise.")
+    upper_bound_at_delta: float
+    chunks_read_share: float = Field(
+        description="Chunks read over chunks in all, on the calibration documents."
+    )
+    tokens_read_share: float = Field(
+        description="Tokens read over tokens in all, on the calibration documents."
+    )
+
+
 class CascadeSpec(BaseModel):
     """Heads and operating points fitted for one model directory."""
 
@@ -127,3 +181,6 @@ class CascadeSpec(BaseModel):
     operating_points: dict[str, OperatingPoint]
     default_operating_point: str
     report: CalibrationReport
+    document_stop: DocumentStop | None = Field(
+        None, description="Certified on multi-chunk documents by kascade calibrate --documents."
+    )

@@ -76,6 +76,41 @@ class ChunkCounts(BaseModel):
         default=0,
         description="Chunks never classified because the document label was already decided.",
     )
+    unread: NonNegativeInt = Field(
+        default=0,
+        description="Chunks never read: a certified stop knew the label before them.",
+    )
+
+
+class StopReason(StrEnum):
+    """Why reading a document ended."""
+
+    END = "end"  # every chunk was read
+    CERTAIN = "certain"  # the certified document stop knew the label a full read gives
+
+
+class Reading(BaseModel):
+    """How much of a document was read to label it, of how much there was.
+
+    >>> Reading(chunks_read=2, chunks_total=20, tokens_read=478, tokens_total=4700,
+    ...         stopped="certain").skipped_tokens
+    4222
+    """
+
+    model_config = _FROZEN_STRICT
+
+    chunks_read: NonNegativeInt
+    chunks_total: NonNegativeInt = Field(description="Chunks of the whole text.")
+    tokens_read: NonNegativeInt = Field(
+        description="Tokens of the text up to the end of the last chunk read (special tokens"
+        " and overlaps not counted)."
+    )
+    tokens_total: NonNegativeInt = Field(description="Tokens of the whole text.")
+    stopped: StopReason
+
+    @property
+    def skipped_tokens(self) -> int:
+        return self.tokens_total - self.tokens_read
 
 
 class ModelIdentity(BaseModel):
@@ -129,6 +164,9 @@ class OutputRecord(BaseModel):
     cascade: CascadeUse = Field(
         default=CascadeUse.OFF, description="Whether calibrated cheap stages could settle chunks."
     )
+    reading: Reading | None = Field(
+        default=None, description="How much of the text was read, and why reading ended."
+    )
     lang: str | None = None
     metadata: dict[str, Any] | None = None
     source: SourcePosition | None = Field(
@@ -150,6 +188,7 @@ class Enrichment(BaseModel):
     reasons: list[str]
     cascade: CascadeUse
     chunks: ChunkCounts
+    reading: Reading | None = None
 
     @classmethod
     def of(cls, record: OutputRecord) -> Enrichment:

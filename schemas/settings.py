@@ -180,6 +180,12 @@ class CascadeSettings(BaseModel):
     audit_fraction: float = Field(
         default=0.01, ge=0.0, le=1.0, description="Settled chunks also sent to the full model."
     )
+    reading: Literal["auto", "all", "certified"] = Field(
+        default="auto",
+        description="all: read every chunk of a document; certified: stop reading once the"
+        " certified document stop knows the label (needs kascade calibrate --documents);"
+        " auto: certified when the model's cascade.json has a document stop.",
+    )
     if_uncertified: Literal["refuse", "full_model"] = Field(
         default="refuse",
         description="When cascade.json was certified on other chunking or another tokenizer:"

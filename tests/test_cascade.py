@@ -8,16 +8,8 @@ import pytest
 from kascade.operators.cascade import CascadeLogic, Head, Verdict, audit_pick
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
 from kascade.schemas import Aggregation
-from kascade.toolchain.calibrate import (
-    HEAD_CS,
-    PATH,
-    certify,
-    fit_head,
-    min_accepted,
-    p_value,
-    threshold_outcome,
-    upper_bound,
-)
+from kascade.toolchain.calibrate import HEAD_CS, PATH, fit_head, threshold_outcome
+from kascade.toolchain.certify import certify, min_accepted, p_value, upper_bound
 
 TM = Aggregation.TOKEN_MEAN
 

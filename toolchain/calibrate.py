@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kascade.operators.cascade import Head, pooled
-from kascade.operators.chunking import chunk_text
+from kascade.operators.cascade import Head
 from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.operators.reading import STOP_PATH
+from kascade.schemas import Aggregation
 from kascade.schemas.cascade import (
     CASCADE_FILE,
     DEFAULT_DELTA,
@@ -31,70 +32,23 @@ from kascade.schemas.cascade import (
     HeadWeights,
     LanguageCalibration,
     OperatingPoint,
+    StopRule,
 )
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.settings import ChunkSettings
 from kascade.toolchain import ToolchainError
-from scipy.stats import beta, binom
+from kascade.toolchain.certify import (
+    DISABLED,
+    CalibrationTooSmall,
+    certify,
+    min_accepted,
+    upper_bound,
+)
+from kascade.toolchain.document_stop import certify_stop, documents_of
+from kascade.toolchain.features import extract
 
 RISK_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
-DISABLED = 1.01  # a threshold no probability reaches
-
-
-class CalibrationTooSmall(ToolchainError):
-    """The calibration set cannot certify the requested guarantee."""
-
-
-def min_accepted(epsilon: float, delta: float) -> int:
-    """Accepted chunks needed to certify ``epsilon`` at ``delta`` with zero disagreements.
-
-    >>> min_accepted(0.01, 0.05), min_accepted(0.02, 0.05)
-    (299, 149)
-    """
-    return math.ceil(math.log(delta) / math.log(1 - epsilon))
-
-
-def p_value(disagreements: int, accepted: int, epsilon: float) -> float:
-    """P(at most this many disagreements | true rate = epsilon): small rejects "rate > epsilon"."""
-    return float(binom.cdf(disagreements, accepted, epsilon)) if accepted else 1.0
-
-
-def upper_bound(disagreements: int, accepted: int, delta: float) -> float:
-    """One-sided Clopper-Pearson upper bound on the disagreement rate at confidence 1 - delta."""
-    if accepted == 0:
-        return 1.0
-    if disagreements >= accepted:
-        return 1.0
-    return float(beta.ppf(1 - delta, disagreements + 1, accepted - disagreements))
-
-
-@dataclass(frozen=True)
-class Features:
-    embeddings: np.ndarray  # n x H, mean-pooled embedding-layer output
-    hidden: np.ndarray  # n x H, mean-pooled output of the cascade layer
-    target: np.ndarray  # n, the full model's label index
-    tokens: np.ndarray  # n, chunk lengths
-    source: np.ndarray  # n, index of the text each chunk came from
-
-
-def extract(enc: Encoder, texts: list[str], *, max_tokens: int, overlap: int) -> Features:
-    """Pooled features and the full model's answer for every chunk of ``texts``."""
-    f0, f1, y, n, src = [], [], [], [], []
-    for i, text in enumerate(texts):
-        for c in chunk_text(
-            text, enc.model.tokenizer, max_tokens=max_tokens, overlap=overlap, max_chunks=10_000
-        ):
-            ids = c.ids[None, :]
-            mask = np.ones_like(ids)
-            emb = enc.embeddings(ids, mask)
-            hidden = enc.prefix(emb, mask)
-            f0.append(pooled(emb))
-            f1.append(pooled(hidden))
-            y.append(int(enc.suffix(hidden, mask)[0].argmax()))
-            n.append(c.n_tokens)
-            src.append(i)
-    return Features(np.stack(f0), np.stack(f1), np.asarray(y), np.asarray(n), np.asarray(src))
 
 
 def by_language(
@@ -209,36 +163,6 @@ def s0_threshold(t: float) -> float:
     return 1 - (1 - t) / 4
 
 
-def certify(
-    thresholds: list[float],
-    outcome: Callable[[float], tuple[int, int]],
-    epsilon: float,
-    delta: float,
-) -> tuple[float, int, int]:
-    """Fixed-sequence test over ``thresholds`` (most conservative first).
-
-    ``outcome(t)`` gives (accepted, disagreements) on the certification split at ``t``.
-    Returns the last threshold whose "disagreement > epsilon" was rejected at ``delta``,
-    with its counts, or ``DISABLED``.
-
-    A threshold that accepts too few chunks for any test to reject (fewer than
-    :func:`min_accepted`, whatever the disagreements) is passed over rather than ending
-    the sequence: which thresholds are passed over depends only on the counts accepted,
-    and given those counts the first threshold actually tested is rejected wrongly with
-    probability at most ``delta``, so the guarantee stands.
-    """
-    best = (DISABLED, 0, 0)
-    untestable_below = min_accepted(epsilon, delta)
-    for t in thresholds:
-        n, k = outcome(t)
-        if n < untestable_below and best[0] == DISABLED:
-            continue
-        if p_value(k, n, epsilon) > delta:
-            break
-        best = (t, n, k)
-    return best
-
-
 def threshold_outcome(conf: np.ndarray, wrong: np.ndarray) -> Callable[[float], tuple[int, int]]:
     """Accepted and disagreeing counts of a single head at a threshold."""
 
@@ -262,15 +186,29 @@ def calibrate(
     name: str = "default",
     path: tuple[float, ...] = PATH,
     languages: list[str] | None = None,
+    documents: list[str] | None = None,
+    epsilon_doc: float = DEFAULT_EPSILON,
+    aggregation: Aggregation = Aggregation.TOKEN_MEAN,
+    stop_path: tuple[StopRule, ...] = STOP_PATH,
 ) -> CascadeSpec:
     """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``.
 
     ``chunking`` (default: the runtime's) is recorded with the result: the guarantee
     holds for chunks made that way, so a run with other chunking refuses the cascade.
-    ``languages`` (one per text) splits the report by language.
+    ``languages`` (one per text) splits the report by language. ``documents`` (long
+    texts like the stream's, none of them among ``texts``) certify a document stop at
+    ``epsilon_doc`` for ``aggregation``; when none certifies, ``cascade.json`` is written
+    without one and :class:`CalibrationTooSmall` says why.
     """
     if languages is not None and len(languages) != len(texts):
         raise ToolchainError(f"{len(languages)} languages for {len(texts)} calibration texts")
+    if documents is not None and len(documents) < min_accepted(epsilon_doc, delta):
+        raise CalibrationTooSmall(
+            f"{len(documents)} documents cannot certify a document stop at"
+            f" epsilon={epsilon_doc:g}, delta={delta:g}: it needs at least"
+            f" {min_accepted(epsilon_doc, delta)} documents stopped early with no"
+            " disagreement with the full read"
+        )
     chunking = chunking or ChunkSettings()
     max_tokens, overlap = chunking.max_tokens, chunking.overlap
     loaded = load_model_dir(model_dir)
@@ -377,5 +315,25 @@ def calibrate(
         default_operating_point=name,
         report=report,
     )
+    if documents is None:
+        return _written(model_dir, spec)
+    d = extract(enc, documents, max_tokens=max_tokens, overlap=overlap)
+    docs = documents_of(
+        d,
+        heads=(Head.of(s0), Head.of(s1)),
+        point=point,
+        aggregation=aggregation,
+    )
+    try:
+        stop = certify_stop(
+            docs, aggregation=aggregation, epsilon=epsilon_doc, delta=delta, path=stop_path
+        )
+    except CalibrationTooSmall as e:
+        _written(model_dir, spec)
+        raise CalibrationTooSmall(f"{e} (wrote {CASCADE_FILE} without a document stop)") from None
+    return _written(model_dir, spec.model_copy(update={"document_stop": stop}))
+
+
+def _written(model_dir: Path, spec: CascadeSpec) -> CascadeSpec:
     write_text_atomically(Path(model_dir) / CASCADE_FILE, spec.model_dump_json(indent=1) + "\n")
     return spec

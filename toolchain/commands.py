@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kascade.schemas import Aggregation
 from kascade.schemas.cascade import DEFAULT_DELTA, DEFAULT_EPSILON
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.settings import ChunkSettings
@@ -169,7 +170,7 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from kascade.toolchain.calibrate import calibrate
-    from kascade.toolchain.data import read_examples
+    from kascade.toolchain.data import read_examples, split_documents
 
     # The language column, if any, is read as the label column: one string per text.
     calibration = read_examples(
@@ -180,13 +181,23 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         if args.head_texts
         else None
     )
+    texts, languages, documents = calibration.texts, calibration.labels, None
+    if args.documents is not None and args.documents.resolve() == args.texts.resolve():
+        # One file of long texts: half certify the chunks, the other half the stop, so
+        # the stop is tested on documents the chunk thresholds were not chosen on.
+        texts, languages, documents = split_documents(calibration, seed=args.seed or 0)
+    elif args.documents is not None:
+        documents = read_examples(
+            args.documents, text_column=args.text_column, label_column=None
+        ).texts
     spec = calibrate(
         args.model,
-        calibration.texts,
+        texts,
         chunking=ChunkSettings(**_given(args, "max_tokens", "overlap")),
         head_texts=head_texts,
-        languages=calibration.labels,
-        **_given(args, "epsilon", "delta", "seed"),
+        languages=languages,
+        documents=documents,
+        **_given(args, "epsilon", "delta", "seed", "epsilon_doc", "aggregation"),
     )
     point = spec.operating_points[spec.default_operating_point]
     r = spec.report
@@ -210,6 +221,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         f" {point.calibration_accepted} disagreed; upper bound"
         f" {r.certified_upper_bound_at_delta:.4f})"
     )
+    stop = spec.document_stop
+    if stop is not None:
+        print(
+            f"document stop: {stop.rule.describe()}; of {stop.documents} documents it stopped"
+            f" {stop.stopped} early, reading {stop.tokens_read_share:.1%} of their tokens;"
+            f" certified: stopped documents disagree with the full read on <= {stop.epsilon:g}"
+            f" with probability >= {1 - stop.delta:g} ({stop.disagreements} of {stop.stopped}"
+            f" disagreed; upper bound {stop.upper_bound_at_delta:.4f})"
+        )
     for lang, c in sorted(r.by_language.items(), key=lambda kv: kv[1].settled_share):
         above = " (above epsilon)" if c.disagreements > point.epsilon * c.accepted else ""
         print(
@@ -299,6 +319,24 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="unlabeled text like the stream's, not used in training",
     )
     p.add_argument("--head-texts", type=Path, help="extra text for fitting the heads only")
+    p.add_argument(
+        "--documents",
+        type=Path,
+        help="long unlabeled documents like the stream's (openings included) to certify a"
+        " document stop on; the --texts file itself to split its texts in half",
+    )
+    p.add_argument(
+        "--epsilon-doc",
+        type=float,
+        help=f"max share of early-stopped documents labeled otherwise than a full read"
+        f" ({DEFAULT_EPSILON})",
+    )
+    p.add_argument(
+        "--aggregation",
+        type=Aggregation,
+        choices=list(Aggregation),
+        help="how the run combines chunks (the stop is certified for it; token_mean)",
+    )
     p.add_argument("--text-column", default="text")
     p.add_argument(
         "--lang-column", help="column naming each text's language: the report splits by it"

@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from kascade.toolchain import ToolchainError
 
 
@@ -59,3 +60,18 @@ def read_examples(
     texts = [str(r[text_column]) for r in rows]
     labels = None if label_column is None else [str(r[label_column]) for r in rows]
     return Examples(texts, labels)
+
+
+def split_documents(
+    examples: Examples, *, seed: int
+) -> tuple[list[str], list[str] | None, list[str]]:
+    """A seeded half of the texts (with their labels) and the other half, disjoint.
+
+    >>> texts, labels, rest = split_documents(Examples(list("abcd"), list("ABCD")), seed=0)
+    >>> sorted(texts + rest), [t.upper() for t in texts] == labels
+    (['a', 'b', 'c', 'd'], True)
+    """
+    order = np.random.default_rng(seed).permutation(len(examples))
+    first, second = np.split(order, [len(examples) // 2])
+    labels = None if examples.labels is None else [examples.labels[i] for i in first]
+    return [examples.texts[i] for i in first], labels, [examples.texts[i] for i in second]

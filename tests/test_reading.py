@@ -1,0 +1,293 @@
+"""The certified document stop: the pure rule, the cascade reading a document in order up
+to it, and the certification that chooses it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from kascade.operators.cascade import CascadeLogic, Verdict
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.operators.reading import STOP_PATH, Seen, first_stop, stop_label
+from kascade.operators.reduce import AssembleLogic, Labeling
+from kascade.schemas import (
+    Aggregation,
+    DeadLetter,
+    DeadLetterReason,
+    ModelIdentity,
+    StopReason,
+)
+from kascade.schemas.cascade import StopRule
+from kascade.toolchain.certify import CalibrationTooSmall
+from kascade.toolchain.document_stop import Document, certify_stop, replay
+
+TM = Aggregation.TOKEN_MEAN
+A, B = np.array([0.95, 0.05]), np.array([0.05, 0.95])
+MILD_A = np.array([0.6, 0.4])
+TWO = StopRule(min_chunks=2, min_lead=0.5)
+
+
+def settled(p: np.ndarray, n: int = 100) -> Seen:
+    return Seen(True, p, n)
+
+
+def uncertain(p: np.ndarray = MILD_A, n: int = 100) -> Seen:
+    return Seen(False, p, n)
+
+
+# --- the rule ---------------------------------------------------------------------------
+
+
+def test_agreeing_settled_chunks_stop_the_read_once_the_window_is_full() -> None:
+    assert stop_label(TWO, [settled(A)], TM) is None
+    assert stop_label(TWO, [settled(A), settled(A)], TM) == 0
+    assert first_stop(TWO, [settled(B)] * 6, TM) == 2
+
+
+def test_an_uncertain_chunk_in_the_window_never_stops_the_read() -> None:
+    assert stop_label(TWO, [settled(A), uncertain(A)], TM) is None
+    assert stop_label(TWO, [uncertain(A), settled(A)], TM) is None
+    assert first_stop(TWO, [settled(A), uncertain(A)] * 5, TM) is None
+
+
+def test_settled_chunks_that_disagree_never_stop_the_read() -> None:
+    assert stop_label(TWO, [settled(A), settled(B)], TM) is None
+    assert first_stop(TWO, [settled(A), settled(B)] * 5, TM) is None
+
+
+def test_a_chunk_the_cheap_stages_failed_on_never_stops_the_read() -> None:
+    failed = Seen(False, None, 100)
+    assert first_stop(TWO, [failed, settled(A), settled(A), settled(A)], TM) is None
+
+
+def test_an_uncertain_opening_is_read_past_until_the_text_outweighs_it() -> None:
+    """Mail headers the cheap heads are unsure of (leaning to topic 0), then a text about
+    topic 1. (An opening they settle confidently and wrongly is the certification's to
+    catch: no rule can tell it from the text.)"""
+    doc = [uncertain(MILD_A)] * 3 + [settled(B)] * 10
+    n = first_stop(TWO, doc, TM)
+    assert n is not None and n > 4  # not on the opening, nor as soon as B is in the window
+    assert stop_label(TWO, doc[:n], TM) == 1
+
+
+def test_a_topic_that_changes_halfway_is_not_stopped_before_the_change_by_a_long_window() -> None:
+    half = [settled(A)] * 3 + [uncertain(MILD_A)] + [settled(B)] * 3
+    assert first_stop(StopRule(min_chunks=4, min_lead=0.6), half, TM) is None
+
+
+def test_the_lead_is_that_of_everything_read_not_just_the_window() -> None:
+    uncertain_b = uncertain(np.array([0.0, 1.0]), n=300)
+    assert stop_label(TWO, [uncertain_b, settled(A), settled(A)], TM) is None
+    assert stop_label(StopRule(min_chunks=2, min_lead=0.0), [settled(A)] * 2, TM) == 0
+
+
+def test_the_path_starts_conservative_and_ends_aggressive() -> None:
+    assert STOP_PATH[0].min_chunks == max(r.min_chunks for r in STOP_PATH)
+    assert STOP_PATH[-1].min_chunks == 1
+    assert len(set(STOP_PATH)) == len(STOP_PATH)
+
+
+# --- the cascade reading in order --------------------------------------------------------
+
+META = DocMeta(
+    id="doc", total_chunks=6, lang=None, metadata=None, timestamp_ms=None, text_tokens=600
+)
+
+
+def task(i: int, meta: DocMeta = META) -> ChunkTask:
+    return ChunkTask(meta, i, np.arange(100), 100, end_token=100 * (i + 1))
+
+
+class Stages:
+    def __init__(self, verdicts: list[Verdict]) -> None:
+        self.verdicts, self.read = verdicts, []
+
+    def __call__(self, t: ChunkTask) -> Verdict:
+        self.read.append(t.index)
+        return self.verdicts[t.index]
+
+
+def clear_doc() -> Stages:
+    return Stages([Verdict("s1", B)] * 6)
+
+
+def feed(logic: CascadeLogic, order: list[int], meta: DocMeta = META) -> list:
+    out = []
+    for i in order:
+        items, _ = logic.on_item(task(i, meta))
+        out += items
+    return out
+
+
+def test_a_clear_document_stops_and_the_rest_is_never_computed() -> None:
+    stages = clear_doc()
+    logic = CascadeLogic(stages, TM, stop=TWO)
+    out = feed(logic, list(range(6)))
+    assert stages.read == [0, 1]
+    assert [(r.index, r.stage) for r in out] == [(0, "s1"), (1, "s1")]
+    reading = out[0].doc.reading
+    assert reading.stopped is StopReason.CERTAIN
+    assert (reading.chunks_read, reading.chunks_total) == (2, 6)
+    assert (reading.tokens_read, reading.tokens_total) == (200, 600)
+    assert logic.state is not None and logic.state.decided
+
+
+def test_the_state_is_dropped_only_when_every_chunk_has_arrived() -> None:
+    logic = CascadeLogic(clear_doc(), TM, stop=TWO)
+    for i in range(5):
+        assert logic.on_item(task(i))[1] is CascadeLogic.RETAIN
+    assert logic.on_item(task(5)) == ([], CascadeLogic.DISCARD)
+
+
+def test_chunks_arriving_out_of_order_are_read_in_order() -> None:
+    stages = clear_doc()
+    logic = CascadeLogic(stages, TM, stop=TWO)
+    assert feed(logic, [2, 1]) == []
+    out = feed(logic, [0])
+    assert stages.read == [0, 1] and len(out) == 2
+
+
+def test_uncertain_chunks_read_before_a_stop_keep_their_cheap_estimate() -> None:
+    stages = Stages([Verdict("uncertain", MILD_A)] + [Verdict("s0", A)] * 5)
+    out = feed(CascadeLogic(stages, TM, stop=TWO), list(range(6)))
+    assert [(r.index, r.stage) for r in out] == [(0, "skipped"), (1, "s0"), (2, "s0")]
+    assert not any(isinstance(x, Escalation) for x in out)
+
+
+def test_without_a_stop_every_chunk_is_read_and_uncertain_ones_escalated() -> None:
+    stages = Stages([Verdict("s1", B)] * 5 + [Verdict("uncertain", A, np.zeros(1))])
+    out = feed(CascadeLogic(stages, TM), list(range(6)))
+    assert stages.read == list(range(6))
+    assert all(r.doc.reading is None for r in out if isinstance(r, ChunkResult))
+
+
+def test_replay_after_a_restart_reads_the_same_chunks_and_gives_the_same_results() -> None:
+    verdicts = [Verdict("uncertain", MILD_A), Verdict("s0", B), Verdict("s1", B)] + [
+        Verdict("s1", B)
+    ] * 3
+    straight = feed(CascadeLogic(Stages(verdicts), TM, stop=TWO), list(range(6)))
+    first = CascadeLogic(Stages(verdicts), TM, stop=TWO)
+    feed(first, [0, 1])
+    resumed_stages = Stages(verdicts)
+    resumed = CascadeLogic(resumed_stages, TM, stop=TWO, state=first.snapshot())
+    again = feed(resumed, [0, 1, 2, 3, 4, 5])  # the input replayed from the snapshot
+    assert resumed_stages.read == [2]  # chunks 0 and 1 were read before the snapshot
+    assert [(r.index, r.stage, r.doc.reading) for r in again] == [
+        (r.index, r.stage, r.doc.reading) for r in straight
+    ]
+
+
+LONG = dataclasses.replace(META, total_chunks=3, text_chunks=9, text_tokens=900)
+TOO_LONG = DeadLetter.of(
+    DeadLetterReason.TOO_LONG,
+    "cut",
+    stage="chunk",
+    raw=b"x",
+    key=None,
+    source=None,
+    timestamp_ms=None,
+)
+
+
+def test_a_text_cut_at_the_limit_is_labeled_when_its_stop_comes_before_the_limit() -> None:
+    first = dataclasses.replace(LONG, over_limit=TOO_LONG)
+    logic = CascadeLogic(clear_doc(), TM, stop=TWO)
+    out = logic.on_item(task(0, first))[0] + feed(logic, [1, 2], LONG)
+    assert [type(x) for x in out] == [ChunkResult, ChunkResult]
+    assert out[0].doc.reading.chunks_total == 9
+
+
+def test_a_text_cut_at_the_limit_without_a_stop_before_it_is_dead_lettered_too_long() -> None:
+    first = dataclasses.replace(LONG, over_limit=TOO_LONG)
+    stages = Stages([Verdict("s1", A), Verdict("s1", B), Verdict("s1", A)])
+    logic = CascadeLogic(stages, TM, stop=TWO)
+    out = logic.on_item(task(0, first))[0] + feed(logic, [1, 2], LONG)
+    assert out == [TOO_LONG]
+
+
+def test_the_reduce_completes_a_stopped_document_with_its_read_chunks_and_counts_the_rest() -> None:
+    out = feed(CascadeLogic(clear_doc(), TM, stop=TWO), list(range(6)))
+    labeling = Labeling(
+        labels=["a", "b"],
+        aggregation=TM,
+        model=ModelIdentity(name="m", variant="fp32", manifest_sha256="0" * 64),
+    )
+    assemble = AssembleLogic(labeling, now_ms=lambda: 0)
+    assert assemble.on_item(out[0]) == ([], AssembleLogic.RETAIN)
+    (labeled,), discard = assemble.on_item(out[1])
+    assert discard is AssembleLogic.DISCARD
+    record = labeled.record
+    assert record.label == "b"
+    assert record.chunks.total == 6 and record.chunks.unread == 4 and record.chunks.settled_s1 == 2
+    assert record.reading is not None and record.reading.skipped_tokens == 400
+
+
+# --- certification -----------------------------------------------------------------------
+
+
+def doc(seen: list[Seen], full_label: int) -> Document:
+    return Document(seen, full_label, [100 * (i + 1) for i in range(len(seen))], 100 * len(seen))
+
+
+def test_replay_counts_stopped_documents_and_their_disagreements() -> None:
+    docs = [doc([settled(A)] * 5, 0), doc([settled(A)] * 5, 1), doc([uncertain()] * 5, 0)]
+    r = replay(TWO, docs, TM)
+    assert (r.stopped, r.disagreements) == (2, 1)
+    assert (r.chunks_read, r.chunks) == (2 + 2 + 5, 15)
+    assert (r.tokens_read, r.tokens) == (200 + 200 + 500, 1500)
+
+
+def test_certification_refuses_too_few_documents_saying_how_many_it_needs() -> None:
+    docs = [doc([settled(A)] * 5, 0)] * 100
+    with pytest.raises(CalibrationTooSmall, match="needs >= 299 documents stopped early"):
+        certify_stop(docs, aggregation=TM, epsilon=0.01, delta=0.05)
+
+
+def test_certification_skips_rules_that_stop_boilerplate_openings_wrongly() -> None:
+    """Clear documents, and documents whose 2-chunk opening settles as the wrong topic:
+    two-chunk rules stop those wrongly, so the path ends before them."""
+    clear = [doc([settled(A)] * 10, 0)] * 400
+    boiler = [doc([settled(B), settled(B)] + [settled(A)] * 8, 0)] * 100
+    stop = certify_stop(clear + boiler, aggregation=TM, epsilon=0.02, delta=0.05)
+    assert stop.rule.min_chunks >= 3 and stop.disagreements == 0
+    assert stop.stopped == 500 and stop.documents == 500
+    assert 0 < stop.tokens_read_share < 0.5
+
+
+def test_a_certified_stop_holds_on_fresh_documents() -> None:
+    """Seeded simulation: documents whose opening chunks are settled at random (sometimes
+    wrongly). Over many calibration draws, the true disagreement of the stopped documents
+    at the certified rule exceeds epsilon in at most about delta of them."""
+    epsilon, delta, n_cal = 0.05, 0.1, 400
+    rng = np.random.default_rng(7)
+
+    def draw(n: int) -> list[Document]:
+        docs = []
+        for _ in range(n):
+            label = int(rng.integers(2))
+            seen = []
+            for _ in range(8):
+                r = rng.random()
+                if r < 0.12:
+                    seen.append(settled(B if label == 0 else A))  # confidently wrong
+                elif r < 0.75:
+                    seen.append(settled(A if label == 0 else B))
+                else:
+                    seen.append(uncertain())
+            docs.append(doc(seen, label))
+        return docs
+
+    fresh = draw(6000)
+    truth = {rule: replay(rule, fresh, TM) for rule in STOP_PATH}
+    violations = certified = 0
+    for _ in range(60):
+        try:
+            stop = certify_stop(draw(n_cal), aggregation=TM, epsilon=epsilon, delta=delta)
+        except CalibrationTooSmall:
+            continue
+        certified += 1
+        t = truth[stop.rule]
+        violations += t.disagreements / t.stopped > epsilon
+    assert certified > 40
+    assert violations / certified <= delta + 3 * np.sqrt(delta * (1 - delta) / certified)

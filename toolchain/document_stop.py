@@ -1,0 +1,144 @@
+"""Certifying the document stop on unlabeled multi-chunk documents.
+
+Each calibration document is replayed as a run reads it: its chunks in order through
+the cheap stages at the certified chunk thresholds, the stop rule asked after each
+(:func:`kascade.operators.reading.first_stop`). Its reference is the label the full
+model gives reading every chunk, combined by the run's aggregation. The rules of
+:data:`~kascade.operators.reading.STOP_PATH` are tested in order with the same exact
+binomial tests as the chunk thresholds: with probability at least ``1 - delta``, of the
+documents the certified rule stops early, at most ``epsilon`` get another label than the
+full read (for documents drawn like these; openings and lengths included).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from kascade.operators.aggregation import STRATEGIES
+from kascade.operators.cascade import Head
+from kascade.operators.reading import STOP_PATH, Seen, first_stop, stop_label
+from kascade.schemas import Aggregation
+from kascade.schemas.cascade import DocumentStop, OperatingPoint, StopRule
+from kascade.toolchain.certify import (
+    CalibrationTooSmall,
+    certify_sequence,
+    min_accepted,
+    upper_bound,
+)
+from kascade.toolchain.features import Features
+
+
+@dataclass(frozen=True)
+class Document:
+    """One calibration document as the stop sees it, and the full read's answer."""
+
+    seen: list[Seen]  # cheap verdicts of its chunks, in reading order
+    full_label: int  # the full model reading every chunk
+    ends: list[int]  # the text's tokens up to the end of each chunk
+    text_tokens: int
+
+
+def documents_of(
+    f: Features, *, heads: tuple[Head, Head], point: OperatingPoint, aggregation: Aggregation
+) -> list[Document]:
+    """Chunk features (in reading order) grouped into their documents, with the cheap
+    verdicts a run at ``point`` would reach."""
+    p0, p1 = heads[0].probs(f.embeddings), heads[1].probs(f.hidden)
+    tokens, source = f.tokens, f.source
+    by0 = p0.max(axis=1) >= point.threshold_s0
+    by1 = ~by0 & (p1.max(axis=1) >= point.threshold_s1)
+    cheap = np.where(by0[:, None], p0, p1)
+    docs = []
+    for d in np.unique(source):
+        rows = np.flatnonzero(source == d)
+        weights = np.maximum(tokens[rows], 1).astype(np.float64)
+        label, _ = STRATEGIES[aggregation].combine(f.full[rows], weights)
+        docs.append(
+            Document(
+                seen=[Seen(bool(by0[r] or by1[r]), cheap[r], int(tokens[r])) for r in rows],
+                full_label=label,
+                ends=[int(f.ends[r]) for r in rows],
+                text_tokens=int(f.text_tokens[rows[0]]),
+            )
+        )
+    return docs
+
+
+@dataclass(frozen=True)
+class Replay:
+    """One rule read over the calibration documents."""
+
+    stopped: int  # documents it stopped before their last chunk
+    disagreements: int  # of those, labeled otherwise than the full read
+    chunks_read: int
+    chunks: int
+    tokens_read: int
+    tokens: int
+
+
+def replay(rule: StopRule, docs: list[Document], aggregation: Aggregation) -> Replay:
+    """Reads every document as a run with ``rule`` would.
+
+    >>> from kascade.schemas.cascade import StopRule
+    >>> a = Seen(True, np.array([0.9, 0.1]), 10)
+    >>> doc = Document([a, a, a], full_label=1, ends=[8, 16, 24], text_tokens=24)
+    >>> replay(StopRule(min_chunks=2, min_lead=0.5), [doc], Aggregation.TOKEN_MEAN)
+    Replay(stopped=1, disagreements=1, chunks_read=2, chunks=3, tokens_read=16, tokens=24)
+    """
+    stopped = wrong = chunks_read = chunks = tokens_read = tokens = 0
+    for d in docs:
+        n = first_stop(rule, d.seen, aggregation)
+        chunks += len(d.seen)
+        tokens += d.text_tokens
+        if n is None:
+            chunks_read += len(d.seen)
+            tokens_read += d.text_tokens
+            continue
+        stopped += 1
+        wrong += stop_label(rule, d.seen[:n], aggregation) != d.full_label
+        chunks_read += n
+        tokens_read += d.ends[n - 1]
+    return Replay(stopped, wrong, chunks_read, chunks, tokens_read, tokens)
+
+
+def certify_stop(
+    docs: list[Document],
+    *,
+    aggregation: Aggregation,
+    epsilon: float,
+    delta: float,
+    path: tuple[StopRule, ...] = STOP_PATH,
+) -> DocumentStop:
+    """The most economical rule of ``path`` that certifies; raises
+    :class:`CalibrationTooSmall` saying how many documents it would need."""
+    need = min_accepted(epsilon, delta)
+    replays = {rule: replay(rule, docs, aggregation) for rule in path}
+    found = certify_sequence(
+        list(path),
+        lambda rule: (replays[rule].stopped, replays[rule].disagreements),
+        epsilon,
+        delta,
+    )
+    if found is None:
+        most = max(r.stopped for r in replays.values())
+        raise CalibrationTooSmall(
+            f"no document stop could be certified for epsilon={epsilon:g} at delta={delta:g}"
+            f" on {len(docs)} documents: it needs >= {need} documents stopped early with no"
+            f" disagreement with the full read (the most any rule stopped was {most}); give"
+            " more documents like the stream's, or a larger epsilon"
+        )
+    rule, stopped, wrong = found
+    r = replays[rule]
+    return DocumentStop(
+        rule=rule,
+        aggregation=aggregation,
+        epsilon=epsilon,
+        delta=delta,
+        documents=len(docs),
+        stopped=stopped,
+        disagreements=wrong,
+        upper_bound_at_delta=upper_bound(wrong, stopped, delta),
+        chunks_read_share=r.chunks_read / max(r.chunks, 1),
+        tokens_read_share=r.tokens_read / max(r.tokens, 1),
+    )
