@@ -112,3 +112,30 @@ def output_ids(settings: KafkaSettings) -> list[str]:
     return [
         OutputRecord.model_validate_json(v).id for _, v in read_all(settings, settings.output_topic)
     ]
+
+
+# An opening that is not about the document's topic (a forwarded mail's headers).
+BOILERPLATE = "the museum and the old town attract many tourists"
+TOPICS = [s for s in CORPUS if s != BOILERPLATE]
+
+
+def long_documents(
+    n: int, *, seed: int, boilerplate_every: int = 4, repeats: tuple[int, int] = (30, 70)
+) -> list[InputDocument]:
+    """Single-topic documents (one sentence ``repeats`` times: 5 to 12 chunks of
+    :data:`SMALL_CHUNKS` by default); every ``boilerplate_every``-th opens with about 3
+    chunks of :data:`BOILERPLATE` (its metadata says ``{"boilerplate": true}``)."""
+    import random
+
+    rng = random.Random(seed)
+    docs = []
+    for i in range(n):
+        topic = rng.choice(TOPICS)
+        text = " ".join([topic] * rng.randint(*repeats))
+        opening = i % boilerplate_every == boilerplate_every - 1
+        if opening:
+            text = " ".join([BOILERPLATE] * 18) + " " + text
+        docs.append(
+            InputDocument(id=f"long-{seed}-{i}", text=text, metadata={"boilerplate": opening})
+        )
+    return docs

@@ -1,0 +1,170 @@
+"""Long documents through the real broker: reading stops once the certified stop knows the
+label, reads on past an opening that is not about the topic, and a text longer than the
+chunk limit is labeled when its stop comes before the limit."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from bytewax.testing import run_main
+from helpers import SMALL_CHUNKS, TINY_PATH, kascade_cli, long_documents, produce
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.flow import build_flow
+from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, OutputRecord, StopReason
+from kascade.schemas.settings import KafkaSettings, Settings
+from kascade.toolchain.calibrate import calibrate
+from kascade.toolchain.certify import CalibrationTooSmall
+
+OPENING_CHUNKS = 3  # helpers.BOILERPLATE repeated 18 times, in 64-token chunks
+
+
+@pytest.fixture(scope="module")
+def stopping(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model calibrated on documents drawn like the stream's, openings included:
+    chunk thresholds on one draw, the document stop on another."""
+    d = tmp_path_factory.mktemp("stopping") / "model"
+    shutil.copytree(exported["modernbert"], d)
+    spec = calibrate(
+        d,
+        [doc.text for doc in long_documents(80, seed=1)],
+        epsilon=0.1,
+        delta=0.1,
+        chunking=SMALL_CHUNKS,
+        path=TINY_PATH,
+        documents=[doc.text for doc in long_documents(120, seed=2)],
+        epsilon_doc=0.05,
+    )
+    assert spec.document_stop is not None
+    # Stopping inside the 3-chunk opening is what the certification must have ruled out.
+    assert spec.document_stop.rule.min_chunks > OPENING_CHUNKS
+    return d
+
+
+def _send(k: KafkaSettings, docs: list[InputDocument]) -> None:
+    produce(k, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+
+
+def _labels(k: KafkaSettings) -> dict[str, OutputRecord]:
+    out = [OutputRecord.model_validate_json(v) for _, v in read_all(k, k.output_topic)]
+    return {r.id: r for r in out}
+
+
+def _run(k: KafkaSettings, model: Path, **settings) -> None:
+    run_main(
+        build_flow(
+            Settings(
+                kafka=k,
+                model_dir=model,
+                chunking=settings.pop("chunking", SMALL_CHUNKS.model_dump()),
+                **settings,
+            )
+        )
+    )
+
+
+@pytest.mark.kafka
+def test_reading_stops_early_on_clear_documents_and_reads_past_a_boilerplate_opening(
+    kafka_settings: KafkaSettings, topic_factory, stopping: Path
+) -> None:
+    docs = long_documents(24, seed=3)
+    _send(kafka_settings, docs)
+    _run(kafka_settings, stopping, cascade={"mode": "on", "audit_fraction": 0.0})
+    full = kafka_settings.model_copy(update={"output_topic": topic_factory("full")})
+    _run(full, stopping, cascade={"mode": "off"})
+
+    stopped, everything = _labels(kafka_settings), _labels(full)
+    assert sorted(stopped) == sorted(everything) == sorted(d.id for d in docs)
+    assert list(read_all(kafka_settings, kafka_settings.dead_letter_topic)) == []
+    for d in docs:
+        r = stopped[d.id]
+        reading = r.reading
+        assert reading is not None
+        c = r.chunks
+        assert c.settled_s0 + c.settled_s1 + c.full_model + c.skipped + c.unread == c.total
+        assert c.total == reading.chunks_total and c.unread == c.total - reading.chunks_read
+        if d.metadata["boilerplate"]:
+            assert reading.chunks_read > OPENING_CHUNKS, d.id
+        if reading.stopped is StopReason.CERTAIN:
+            assert reading.chunks_read < reading.chunks_total
+            assert 0 < reading.tokens_read < reading.tokens_total
+        else:
+            assert reading.tokens_read == reading.tokens_total
+        assert everything[d.id].reading.stopped is StopReason.END
+    clear = [d.id for d in docs if not d.metadata["boilerplate"]]
+    early = [i for i in clear if stopped[i].reading.stopped is StopReason.CERTAIN]
+    assert len(early) >= len(clear) // 2
+    agree = sum(stopped[i].label == everything[i].label for i in early)
+    assert agree >= 0.95 * len(early)  # the certified bound: epsilon_doc = 0.05
+
+
+@pytest.mark.kafka
+def test_a_text_longer_than_the_limit_is_labeled_when_its_stop_comes_first(
+    kafka_settings: KafkaSettings, topic_factory, stopping: Path
+) -> None:
+    """With a limit of 10 chunks, documents of 14 to 25: those the stop ends before the
+    limit are labeled, the others are dead-lettered too_long with their bytes."""
+    docs = long_documents(12, seed=4, boilerplate_every=3, repeats=(80, 140))
+    _send(kafka_settings, docs)
+    unlimited = kafka_settings.model_copy(update={"output_topic": topic_factory("unlimited")})
+    _run(unlimited, stopping, cascade={"mode": "on"})
+    _run(kafka_settings, stopping, chunking={"max_tokens": 64, "overlap": 8, "max_chunks": 10})
+
+    whole = _labels(unlimited)
+    within = {i for i, r in whole.items() if r.reading.stopped is StopReason.CERTAIN}
+    within = {i for i in within if whole[i].reading.chunks_read <= 10}
+    assert within and within != set(whole)  # both kinds are in the sample
+    labeled = _labels(kafka_settings)
+    assert set(labeled) == within
+    assert all(labeled[i].label == whole[i].label for i in within)
+    assert all(labeled[i].reading.chunks_total > 10 for i in within)
+    dead = [
+        DeadLetter.model_validate_json(v)
+        for _, v in read_all(kafka_settings, kafka_settings.dead_letter_topic)
+    ]
+    assert {d.reason for d in dead} == {DeadLetterReason.TOO_LONG}
+    by_id = {InputDocument.model_validate_json(d.original()).id for d in dead}
+    assert by_id == set(whole) - within
+    assert all("did not make the label certain" in d.detail for d in dead)
+
+
+def test_certified_reading_without_a_certified_stop_is_a_one_line_error(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(exported["modernbert"], d)
+    calibrate(
+        d,
+        [doc.text for doc in long_documents(40, seed=1)],
+        epsilon=0.1,
+        delta=0.1,
+        chunking=SMALL_CHUNKS,
+        path=TINY_PATH,
+    )
+    r = kascade_cli(
+        "run",
+        "--model-dir",
+        str(d),
+        "--chunk-tokens",
+        "64",
+        "--overlap",
+        "8",
+        "--cascade.reading",
+        "certified",
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"kascade: cascade.reading=certified: {d}/cascade.json has no certified document"
+        " stop; run kascade calibrate --documents"
+    ]
+
+
+def test_too_few_calibration_documents_are_refused_before_any_work(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(exported["modernbert"], d)
+    with pytest.raises(CalibrationTooSmall, match="it needs at least 299 documents"):
+        calibrate(d, ["x"], documents=["y"] * 298, epsilon_doc=0.01, delta=0.05)
+    assert not (d / "cascade.json").exists()
