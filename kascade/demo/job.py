@@ -23,7 +23,7 @@ from kascade.dataflow.kafka_io import client_config, fresh_topics
 from kascade.dataflow.local_broker import ensure_local_broker
 from kascade.dataflow.runner import run
 from kascade.errors import KascadeError
-from kascade.schemas import DeadLetter, OutputRecord
+from kascade.schemas import DeadLetter, OutputRecord, StopReason
 from kascade.schemas.cascade import CASCADE_FILE, CascadeSpec
 from kascade.schemas.manifest import MANIFEST
 from kascade.schemas.settings import KafkaSettings, Settings
@@ -100,6 +100,14 @@ def settled_cheaply(rec: OutputRecord) -> int:
     return c.settled_s0 + c.settled_s1 + c.skipped
 
 
+def _read(rec: OutputRecord) -> str:
+    """Chunks read, and ``(stop)`` where the certified document stop ended the read."""
+    if rec.reading is None:
+        return str(rec.chunks.total)
+    stop = " (stop)" if rec.reading.stopped is StopReason.CERTAIN else ""
+    return f"{rec.reading.chunks_read}{stop}"
+
+
 def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path | None) -> int:
     console = Console()
     model_dir = model_dir or demo_model()
@@ -122,8 +130,8 @@ def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path |
         texts = {json.loads(d)["id"]: json.loads(d)["text"] for d in docs}
         out = [OutputRecord.model_validate_json(v) for _, v in read_all(kafka, kafka.output_topic)]
         table = Table(title=f"{kafka.output_topic}: {len(out)} records ({model_dir.name})")
-        numeric = ("score", "chunks", "cheap", "ms")
-        for col in ("id", "label", "score", "chunks", "cheap", "ms", "text"):
+        numeric = ("score", "chunks", "read", "cheap", "ms")
+        for col in ("id", "label", "score", "chunks", "read", "cheap", "ms", "text"):
             table.add_column(col, justify="right" if col in numeric else "left")
         for rec in sorted(out, key=lambda r: r.id):
             text = texts.get(rec.id, "").strip()
@@ -132,6 +140,7 @@ def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path |
                 rec.label or "(no text)",
                 f"{rec.score:.2f}",
                 str(rec.chunks.total),
+                _read(rec),
                 str(settled_cheaply(rec)),
                 f"{rec.latency_ms:.0f}",
                 text[:40] + ("…" if len(text) > 40 else ""),

@@ -1,0 +1,209 @@
+"""Long documents, read as far as their label needs: kascade reading everything, kascade
+with its certified document stop, and the two jobs a user writes first (PyTorch FP32,
+batch 32: truncating at 512 tokens, or reading whole documents in 512-token windows and
+averaging their probabilities), side by side on the same documents through Kafka.
+
+Documents are single-language, single-topic texts of 2k, 4k or 8k tokens built from
+SIB-200 sentences of 20 languages; some open with about 700 tokens of forwarded-mail
+headers and a legal disclaimer (made up here, in English as such openings often are).
+Calibration documents come from the calibration/heads splits, test documents from the
+held-out split, so no sentence is in both.
+
+    python -m bench.long_docs documents --data runs/sib200 --split calibration \\
+        --count 500 --boilerplate-share 0.3 --out runs/long/calibration.jsonl
+    kascade calibrate --model runs/e5-int8pc --texts runs/long/calibration.jsonl \\
+        --documents runs/long/calibration.jsonl --epsilon 0.02 --epsilon-doc 0.02
+    python -m bench.long_docs headline --checkpoint runs/e5-sib200 \\
+        --kascade-model runs/e5-int8pc --data runs/sib200 --json runs/long/headline.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import random
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.operators.encoder import load_model_dir
+from kascade.schemas import InputDocument, OutputRecord
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.settings import KafkaSettings
+
+from bench.baseline import naive_consumer
+from bench.flow import fresh_topics, kascade_run_command, latency_percentiles, send
+
+SIZES = (2000, 4000, 8000)
+NAMES = ("Maria Keller", "John Ade", "Li Wei", "Ana Souza", "Omar Haddad", "Priya Nair")
+DISCLAIMER = (
+    "CONFIDENTIALITY NOTICE: This e-mail message, including any attachments, is for the"
+    " sole use of the intended recipient(s) and may contain confidential and privileged"
+    " information. Any unauthorized review, use, disclosure or distribution is prohibited."
+    " If you are not the intended recipient, please contact the sender by reply e-mail and"
+    " destroy all copies of the original message. Messages sent to and from us may be"
+    " monitored. Internet communications cannot be guaranteed to be secure or error-free as"
+    " information could be intercepted, corrupted, lost, destroyed, arrive late or"
+    " incomplete, or contain viruses. The sender therefore does not accept liability for"
+    " any errors or omissions in the contents of this message which arise as a result of"
+    " e-mail transmission. This communication is for informational purposes only and is"
+    " not intended as an offer or solicitation for the purchase or sale of any financial"
+    " instrument or as an official confirmation of any transaction."
+)
+
+
+def boilerplate(rng: random.Random, tokens, target: int = 700) -> str:
+    """Forwarded-mail headers and disclaimers, about ``target`` tokens."""
+    parts: list[str] = []
+    while tokens(" ".join(parts)) < target:
+        a, b = rng.sample(NAMES, 2)
+        day = rng.randint(1, 28)
+        parts.append(
+            f"---------- Forwarded message ---------\nFrom: {a} <{a.split()[0].lower()}"
+            f"@example.org>\nDate: {day} March 2026 at {rng.randint(7, 19)}:{rng.randint(10, 59)}"
+            f"\nSubject: FW: RE: ticket #{rng.randint(10000, 99999)}\nTo: {b}"
+            f" <{b.split()[1].lower()}@example.com>\nCc: records@example.net\n{DISCLAIMER}"
+        )
+    return "\n".join(parts)
+
+
+def _rows(data: Path, prefixes: tuple[str, ...]) -> dict[tuple[str, str], list[str]]:
+    pools: dict[tuple[str, str], list[str]] = {}
+    for prefix in prefixes:
+        for f in sorted(data.glob(f"{prefix}*.tsv")):
+            lang = f.stem.split("-", 1)[1] if "-" in f.stem else "eng_Latn"
+            with open(f, encoding="utf-8", newline="") as fh:
+                for r in csv.DictReader(fh, delimiter="\t", quoting=csv.QUOTE_NONE):
+                    pools.setdefault((lang, r["category"]), []).append(r["text"])
+    return pools
+
+
+def documents(
+    data: Path, split: str, count: int, boilerplate_share: float, tokenizer, seed: int
+) -> list[tuple[InputDocument, str]]:
+    """(document, topic) pairs: one language and one topic each, ``boilerplate_share`` of
+    them opening with mail headers; the ``holdout`` split or ``calibration`` (+ heads)."""
+    prefixes = ("holdout",) if split == "holdout" else ("calibration", "heads")
+    pools = _rows(data, prefixes)
+    keys = sorted(pools)
+    rng = random.Random(seed)
+
+    def n_tokens(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False).ids)
+
+    out = []
+    for i in range(count):
+        lang, topic = keys[rng.randrange(len(keys))]
+        size = SIZES[i % len(SIZES)]
+        pool, text, n = pools[(lang, topic)], [], 0
+        while n < size:
+            s = rng.choice(pool)
+            text.append(s)
+            n += n_tokens(s)
+        body = " ".join(text)
+        opening = rng.random() < boilerplate_share
+        if opening:
+            body = boilerplate(rng, n_tokens) + "\n\n" + body
+        meta = {"topic": topic, "boilerplate": opening, "tokens": size}
+        out.append((InputDocument(id=f"{split}-{i}", text=body, lang=lang, metadata=meta), topic))
+    return out
+
+
+def _results(k: KafkaSettings) -> dict[str, dict]:
+    return {json.loads(v)["id"]: json.loads(v) for _, v in read_all(k, k.output_topic)}
+
+
+def headline(args: argparse.Namespace) -> dict:
+    brokers = args.brokers or ensure_local_broker(9092).bootstrap
+    tokenizer = load_model_dir(args.kascade_model).tokenizer
+    rows = {}
+    for name, share in (("single-topic", 0.0), ("boilerplate-first", 1.0)):
+        built = documents(args.data, "holdout", args.count, share, tokenizer, seed=args.seed)
+        docs = [d for d, _ in built]
+        gold = {d.id: t for d, t in built}
+        tokens = {d.id: len(tokenizer.encode(d.text, add_special_tokens=False).ids) for d in docs}
+        jobs = {}
+        for job in ("all", "certified"):
+            k = fresh_topics(brokers)
+            send(k, docs)
+            t0 = time.perf_counter()
+            cmd = kascade_run_command(
+                k, args.kascade_model, "--workers", "2", "--cascade.reading", job
+            )
+            subprocess.run(cmd, check=True)
+            seconds = time.perf_counter() - t0
+            out = {
+                i: OutputRecord.model_validate_json(json.dumps(r)) for i, r in _results(k).items()
+            }
+            jobs[f"kascade-{job}"] = {
+                "seconds": seconds,
+                "accuracy": np.mean([out[i].label == gold[i] for i in gold]),
+                "tokens_read": np.mean([out[i].reading.tokens_read for i in gold]),
+                "stopped_certain": np.mean([out[i].reading.stopped == "certain" for i in gold]),
+                "latency": latency_percentiles(k),
+            }
+        for job, windows in (("naive-512", False), ("naive-windows", True)):
+            k = fresh_topics(brokers)
+            send(k, docs)
+            total, loading, _ = naive_consumer(k, args.checkpoint, len(docs), windows=windows)
+            seconds = total - loading
+            out = _results(k)
+            jobs[job] = {
+                "seconds": seconds,
+                "accuracy": np.mean([out[i]["label"] == gold[i] for i in gold]),
+                "tokens_read": np.mean(
+                    [min(tokens[i], 510) if not windows else tokens[i] for i in gold]
+                ),
+                "latency": latency_percentiles(k),
+            }
+        for j in jobs.values():
+            j["docs_per_s"] = len(docs) / j["seconds"]
+            j["accuracy"] = float(j["accuracy"])
+            j["tokens_read"] = float(j["tokens_read"])
+        rows[name] = {
+            "documents": len(docs),
+            "mean_tokens": float(np.mean(list(tokens.values()))),
+            "jobs": jobs,
+        }
+        print(json.dumps({name: rows[name]}, indent=1), flush=True)
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    d = sub.add_parser("documents", help="write documents (a text column) as JSONL")
+    d.add_argument("--data", type=Path, required=True)
+    d.add_argument("--split", choices=["calibration", "holdout"], required=True)
+    d.add_argument("--count", type=int, required=True)
+    d.add_argument("--boilerplate-share", type=float, default=0.0)
+    d.add_argument("--tokenizer-model", type=Path, required=True)
+    d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--out", type=Path, required=True)
+    h = sub.add_parser("headline", help="the four jobs side by side through Kafka")
+    h.add_argument("--checkpoint", type=Path, required=True)
+    h.add_argument("--kascade-model", type=Path, required=True)
+    h.add_argument("--data", type=Path, required=True)
+    h.add_argument("--count", type=int, default=60, help="documents per set")
+    h.add_argument("--seed", type=int, default=1)
+    h.add_argument("--brokers")
+    h.add_argument("--json", type=Path)
+    args = p.parse_args()
+    if args.cmd == "documents":
+        tok = load_model_dir(args.tokenizer_model).tokenizer
+        built = documents(args.data, args.split, args.count, args.boilerplate_share, tok, args.seed)
+        lines = [json.dumps({"text": doc.text, "lang": doc.lang}) for doc, _ in built]
+        write_text_atomically(args.out, "\n".join(lines) + "\n")
+        print(f"wrote {len(lines)} documents to {args.out}")
+        return
+    result = headline(args)
+    if args.json:
+        write_text_atomically(args.json, json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
