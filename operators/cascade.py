@@ -67,6 +67,12 @@ class Head:
         return softmax((features @ self.weight.T + self.bias).astype(np.float64))
 
 
+def on_topic_of(head: Head, features: np.ndarray) -> float:
+    """The on-topic head's probability that a chunk's label is its document's (its second
+    class; the first is off-topic)."""
+    return float(head.probs(features)[..., 1])
+
+
 def pooled(states: np.ndarray) -> np.ndarray:
     """Mean over the tokens of one unpadded sequence's states (``1 x T x H`` or ``T x H``)."""
     return states.reshape(-1, states.shape[-1]).mean(axis=0)
@@ -80,6 +86,7 @@ class Cascade:
     s0: Head
     s1: Head
     point: OperatingPoint
+    on_topic: Head | None = None  # the document stop's, when its rule asks it
 
     @classmethod
     def load(
@@ -107,7 +114,9 @@ class Cascade:
             raise CascadeMismatch(
                 f"no operating point {name!r} in {path}; have {', '.join(spec.operating_points)}"
             )
-        return cls(spec, Head.of(spec.s0), Head.of(spec.s1), spec.operating_points[name])
+        stop = spec.document_stop
+        on_topic = None if stop is None or stop.on_topic is None else Head.of(stop.on_topic)
+        return cls(spec, Head.of(spec.s0), Head.of(spec.s1), spec.operating_points[name], on_topic)
 
     def certified_for(self, chunking: ChunkSettings, tokenizer_sha256: str) -> str | None:
         """Why this calibration does not hold for chunks made this way (``None``: it does).
@@ -133,6 +142,7 @@ class Verdict:
     stage: Stage  # "s0", "s1" (settled) or "uncertain"
     probs: np.ndarray | None  # None: the cheap stages failed on this chunk
     hidden: np.ndarray | None = None  # prefix output, kept for escalation
+    on_topic: float = 1.0  # the document stop's on-topic head, where it has one
 
 
 def audit_pick(doc_id: str, index: int, fraction: float) -> bool:
@@ -222,7 +232,7 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
     def _certain(self, s: CascadeState) -> bool:
         assert self.stop is not None
         seen = [
-            Seen(v.stage != "uncertain", v.probs, s.tasks[i].n_tokens)
+            Seen(v.stage != "uncertain", v.probs, s.tasks[i].n_tokens, v.on_topic)
             for i, v in sorted(s.verdicts.items())
         ]
         return stop_label(self.stop, seen, self.strategy) is not None
@@ -290,16 +300,18 @@ def cheap_stages(encoder: Encoder, cascade: Cascade, audit_fraction: float) -> C
         mask = np.ones_like(ids)
         with metrics.STAGE_SECONDS.labels("s0").time():
             emb = encoder.embeddings(ids, mask)
-            p0 = cascade.s0.probs(pooled(emb))
+            features = pooled(emb)
+            p0 = cascade.s0.probs(features)
+            on_topic = 1.0 if cascade.on_topic is None else on_topic_of(cascade.on_topic, features)
         if p0.max() >= t0:
-            return Verdict("s0", p0)
+            return Verdict("s0", p0, on_topic=on_topic)
         with metrics.STAGE_SECONDS.labels("s1").time():
             hidden = encoder.prefix(emb, mask)
             p1 = cascade.s1.probs(pooled(hidden))
         if p1.max() >= t1:
             keep = audit_pick(task.doc.id, task.index, audit_fraction)
-            return Verdict("s1", p1, hidden if keep else None)
-        return Verdict("uncertain", p1, hidden)
+            return Verdict("s1", p1, hidden if keep else None, on_topic)
+        return Verdict("uncertain", p1, hidden, on_topic)
 
     return run
 

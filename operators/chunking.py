@@ -124,14 +124,15 @@ def chunk_text(
             f"{len(enc.ids)} tokens make {len(spans)} chunks; the limit is {max_chunks}"
         )
     ids = np.asarray(enc.ids, dtype=np.int64)
+    offsets = enc.offsets  # a new list of every token's offsets on each access: read once
     prefix = np.asarray(specials.prefix, dtype=np.int64)
     suffix = np.asarray(specials.suffix, dtype=np.int64)
     return [
         Chunk(
             index=i,
             ids=np.concatenate([prefix, ids[a:b], suffix]),
-            start_char=enc.offsets[a][0],
-            end_char=enc.offsets[b - 1][1],
+            start_char=offsets[a][0],
+            end_char=offsets[b - 1][1],
             end_token=b,
             text_tokens=len(enc.ids),
             text_chunks=len(spans),

@@ -34,9 +34,12 @@ from kascade.schemas.cascade import StopRule
 
 # The rules certification walks, most conservative first (fixed in advance, not chosen on
 # the data, so every calibration document can serve the test). Fewer chunks in the
-# window and a smaller lead stop sooner and risk more.
-STOP_PATH: tuple[StopRule, ...] = tuple(
-    StopRule(min_chunks=m, min_lead=lead_)
+# window and a smaller lead stop sooner and risk more. Rules that also ask the on-topic
+# head come first: an opening the cheap heads settle confidently (mail headers, a
+# disclaimer) is what makes short windows fail, and that head learns to see it.
+ON_TOPIC = 0.8
+_WINDOWS = tuple(
+    (m, lead_)
     for m, lead_ in (
         (8, 0.8),
         (6, 0.8),
@@ -55,23 +58,32 @@ STOP_PATH: tuple[StopRule, ...] = tuple(
         (1, 0.6),
     )
 )
+STOP_PATH: tuple[StopRule, ...] = tuple(
+    StopRule(min_chunks=m, min_lead=lead_, min_on_topic=on_topic)
+    for on_topic in (ON_TOPIC, 0.0)
+    for m, lead_ in _WINDOWS
+)
 
 
 @dataclass(frozen=True)
 class Seen:
     """What the stop rule knows of one chunk read: whether a cheap stage settled it, the
-    cheap probabilities (``None``: the cheap stages failed on it), its token weight."""
+    cheap probabilities (``None``: the cheap stages failed on it), its token weight, and
+    how likely the on-topic head finds it that its label is the document's."""
 
     settled: bool
     probs: np.ndarray | None
     n_tokens: int
+    on_topic: float = 1.0
 
 
 def stop_label(rule: StopRule, seen: Sequence[Seen], aggregation: Aggregation) -> int | None:
     """The label reading may stop with after the chunks ``seen`` (in reading order), or
     ``None`` to read on."""
     window = seen[-rule.min_chunks :]
-    if len(seen) < rule.min_chunks or not all(c.settled and c.probs is not None for c in window):
+    if len(seen) < rule.min_chunks or not all(
+        c.settled and c.probs is not None and c.on_topic >= rule.min_on_topic for c in window
+    ):
         return None
     labels = {int(c.probs.argmax()) for c in window}  # type: ignore[union-attr]
     if len(labels) != 1 or any(c.probs is None for c in seen):

@@ -117,25 +117,31 @@ class OperatingPoint(BaseModel):
 
 class StopRule(BaseModel):
     """When reading a document may stop: after at least ``min_chunks`` chunks, when the
-    last ``min_chunks`` read were all settled by the cheap stages with one label, and the
-    token-weighted mean of every chunk read so far puts that label ahead of the next by at
-    least ``min_lead``.
+    last ``min_chunks`` read were all settled by the cheap stages with one label (and each
+    looked on-topic to the stop's on-topic head with probability >= ``min_on_topic``), and
+    the token-weighted mean of every chunk read so far puts that label ahead of the next by
+    at least ``min_lead``.
 
-    >>> StopRule(min_chunks=2, min_lead=0.5).describe()
-    'the last 2 chunks settled alike, lead >= 0.5'
+    >>> StopRule(min_chunks=2, min_lead=0.5, min_on_topic=0.8).describe()
+    'the last 2 chunks settled alike and on-topic (>= 0.8), lead >= 0.5'
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     min_chunks: int = Field(ge=1)
     min_lead: float = Field(ge=0.0, le=1.0)
+    min_on_topic: float = Field(
+        default=0.0, ge=0.0, le=1.0, description="0: the on-topic head is not asked."
+    )
 
     def describe(self) -> str:
         last = (
             "the last chunk settled"
             if self.min_chunks == 1
-            else (f"the last {self.min_chunks} chunks settled alike")
+            else f"the last {self.min_chunks} chunks settled alike"
         )
+        if self.min_on_topic > 0:
+            last += f" and on-topic (>= {self.min_on_topic:g})"
         return f"{last}, lead >= {self.min_lead:g}"
 
 
@@ -149,6 +155,12 @@ class DocumentStop(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     rule: StopRule
+    on_topic: HeadWeights | None = Field(
+        None,
+        description="P(a chunk's full-model label is its document's full-read label), on"
+        " the mean embeddings: [off-topic, on-topic]. Fitted on other documents than the"
+        " stop was certified on; None when the rule does not ask it.",
+    )
     aggregation: Aggregation = Field(
         description="How the full read combines chunks: the label the stop is held to."
     )

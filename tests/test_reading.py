@@ -82,10 +82,37 @@ def test_the_lead_is_that_of_everything_read_not_just_the_window() -> None:
     assert stop_label(StopRule(min_chunks=2, min_lead=0.0), [settled(A)] * 2, TM) == 0
 
 
+def test_a_window_chunk_the_on_topic_head_doubts_never_stops_the_read() -> None:
+    rule = StopRule(min_chunks=1, min_lead=0.5, min_on_topic=0.8)
+    header = Seen(True, A, 100, on_topic=0.2)  # settled confidently, but looks like headers
+    assert first_stop(rule, [header, header, header] + [Seen(True, A, 100, 0.95)] * 3, TM) == 4
+    assert stop_label(StopRule(min_chunks=1, min_lead=0.5), [header], TM) == 0
+
+
+def test_on_topic_targets_mark_the_chunks_whose_label_is_not_their_documents() -> None:
+    from kascade.toolchain.document_stop import on_topic_targets
+    from kascade.toolchain.features import Features
+
+    full = np.array([[0.9, 0.1], [0.2, 0.8], [0.1, 0.9], [0.1, 0.9], [0.8, 0.2]])
+    f = Features(
+        embeddings=np.zeros((5, 2)),
+        hidden=np.zeros((5, 2)),
+        target=full.argmax(1),
+        tokens=np.full(5, 100),
+        source=np.array([0, 0, 0, 0, 1]),
+        full=full,
+        ends=np.arange(5),
+        text_tokens=np.full(5, 400),
+    )
+    assert on_topic_targets(f, TM).tolist() == [0, 1, 1, 1, 1]
+
+
 def test_the_path_starts_conservative_and_ends_aggressive() -> None:
     assert STOP_PATH[0].min_chunks == max(r.min_chunks for r in STOP_PATH)
     assert STOP_PATH[-1].min_chunks == 1
     assert len(set(STOP_PATH)) == len(STOP_PATH)
+    asking = [r.min_on_topic > 0 for r in STOP_PATH]
+    assert asking == sorted(asking, reverse=True)  # the on-topic rules come first
 
 
 # --- the cascade reading in order --------------------------------------------------------
@@ -278,12 +305,15 @@ def test_a_certified_stop_holds_on_fresh_documents() -> None:
             docs.append(doc(seen, label))
         return docs
 
+    path = tuple(r for r in STOP_PATH if r.min_on_topic == 0)  # no on-topic head here
     fresh = draw(6000)
-    truth = {rule: replay(rule, fresh, TM) for rule in STOP_PATH}
+    truth = {rule: replay(rule, fresh, TM) for rule in path}
     violations = certified = 0
     for _ in range(60):
         try:
-            stop = certify_stop(draw(n_cal), aggregation=TM, epsilon=epsilon, delta=delta)
+            stop = certify_stop(
+                draw(n_cal), aggregation=TM, epsilon=epsilon, delta=delta, path=path
+            )
         except CalibrationTooSmall:
             continue
         certified += 1

@@ -45,8 +45,8 @@ from kascade.toolchain.certify import (
     min_accepted,
     upper_bound,
 )
-from kascade.toolchain.document_stop import certify_stop, documents_of
-from kascade.toolchain.features import extract
+from kascade.toolchain.document_stop import certify_stop, documents_of, on_topic_targets
+from kascade.toolchain.features import Features, extract
 
 RISK_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
@@ -318,11 +318,19 @@ def calibrate(
     if documents is None:
         return _written(model_dir, spec)
     d = extract(enc, documents, max_tokens=max_tokens, overlap=overlap)
+    # The on-topic head learns from the calibration texts' chunks when those are documents
+    # too; the stop is then certified on other documents, which it has not seen.
+    on_topic = (
+        fit_on_topic(feats, aggregation, seed) if len(feats.target) >= 2 * len(texts) else None
+    )
+    if on_topic is None:
+        stop_path = tuple(r for r in stop_path if r.min_on_topic == 0)
     docs = documents_of(
         d,
         heads=(Head.of(s0), Head.of(s1)),
         point=point,
         aggregation=aggregation,
+        on_topic=None if on_topic is None else Head.of(on_topic),
     )
     try:
         stop = certify_stop(
@@ -331,7 +339,18 @@ def calibrate(
     except CalibrationTooSmall as e:
         _written(model_dir, spec)
         raise CalibrationTooSmall(f"{e} (wrote {CASCADE_FILE} without a document stop)") from None
+    if stop.rule.min_on_topic > 0:
+        stop = stop.model_copy(update={"on_topic": on_topic})
     return _written(model_dir, spec.model_copy(update={"document_stop": stop}))
+
+
+def fit_on_topic(feats: Features, aggregation: Aggregation, seed: int) -> HeadWeights | None:
+    """The on-topic head, on the mean embeddings of multi-chunk calibration texts; ``None``
+    when every chunk (or none) agrees with its document, so there is nothing to learn."""
+    y = on_topic_targets(feats, aggregation)
+    if len(np.unique(y)) < 2:
+        return None
+    return fit_head(feats.embeddings, y, 2, "embeddings", seed).weights
 
 
 def _written(model_dir: Path, spec: CascadeSpec) -> CascadeSpec:

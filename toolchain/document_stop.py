@@ -39,12 +39,36 @@ class Document:
     text_tokens: int
 
 
+def full_read_labels(f: Features, aggregation: Aggregation) -> np.ndarray:
+    """For every chunk, the label of its whole document read by the full model."""
+    out = np.empty(len(f.source), dtype=np.int64)
+    for d in np.unique(f.source):
+        rows = np.flatnonzero(f.source == d)
+        weights = np.maximum(f.tokens[rows], 1).astype(np.float64)
+        out[rows] = STRATEGIES[aggregation].combine(f.full[rows], weights)[0]
+    return out
+
+
+def on_topic_targets(f: Features, aggregation: Aggregation) -> np.ndarray:
+    """What the on-topic head learns, from unlabeled documents: 1 where a chunk's
+    full-model label is its document's full-read label (0 for an opening that is not
+    about the document's topic, or a digression)."""
+    return (f.target == full_read_labels(f, aggregation)).astype(np.int64)
+
+
 def documents_of(
-    f: Features, *, heads: tuple[Head, Head], point: OperatingPoint, aggregation: Aggregation
+    f: Features,
+    *,
+    heads: tuple[Head, Head],
+    point: OperatingPoint,
+    aggregation: Aggregation,
+    on_topic: Head | None = None,
 ) -> list[Document]:
     """Chunk features (in reading order) grouped into their documents, with the cheap
     verdicts a run at ``point`` would reach."""
     p0, p1 = heads[0].probs(f.embeddings), heads[1].probs(f.hidden)
+    topical = np.ones(len(p0)) if on_topic is None else on_topic.probs(f.embeddings)[:, 1]
+    full_labels = full_read_labels(f, aggregation)
     tokens, source = f.tokens, f.source
     by0 = p0.max(axis=1) >= point.threshold_s0
     by1 = ~by0 & (p1.max(axis=1) >= point.threshold_s1)
@@ -52,12 +76,13 @@ def documents_of(
     docs = []
     for d in np.unique(source):
         rows = np.flatnonzero(source == d)
-        weights = np.maximum(tokens[rows], 1).astype(np.float64)
-        label, _ = STRATEGIES[aggregation].combine(f.full[rows], weights)
         docs.append(
             Document(
-                seen=[Seen(bool(by0[r] or by1[r]), cheap[r], int(tokens[r])) for r in rows],
-                full_label=label,
+                seen=[
+                    Seen(bool(by0[r] or by1[r]), cheap[r], int(tokens[r]), float(topical[r]))
+                    for r in rows
+                ],
+                full_label=int(full_labels[rows[0]]),
                 ends=[int(f.ends[r]) for r in rows],
                 text_tokens=int(f.text_tokens[rows[0]]),
             )
