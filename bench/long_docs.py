@@ -6,13 +6,16 @@ averaging their probabilities), side by side on the same documents through Kafka
 Documents are single-language, single-topic texts of 2k, 4k or 8k tokens built from
 SIB-200 sentences of 20 languages; some open with about 700 tokens of forwarded-mail
 headers and a legal disclaimer (made up here, in English as such openings often are).
-Calibration documents come from the calibration/heads splits, test documents from the
-held-out split, so no sentence is in both.
+The heads and chunk thresholds are calibrated on documents from the ``heads`` split, the
+stop on documents from the ``calibration`` split, and test documents come from the
+held-out split: no sentence is in two of them.
 
-    python -m bench.long_docs documents --data runs/sib200 --split calibration \\
-        --count 500 --boilerplate-share 0.3 --out runs/long/calibration.jsonl
-    kascade calibrate --model runs/e5-int8pc --texts runs/long/calibration.jsonl \\
-        --documents runs/long/calibration.jsonl --epsilon 0.02 --epsilon-doc 0.02
+    python -m bench.long_docs documents --data runs/sib200 --split heads --count 300 \\
+        --boilerplate-share 0.3 --tokenizer-model runs/e5-int8pc --out runs/long/texts.jsonl
+    python -m bench.long_docs documents --data runs/sib200 --split calibration --count 700 \\
+        --boilerplate-share 0.3 --tokenizer-model runs/e5-int8pc --out runs/long/docs.jsonl
+    kascade calibrate --model runs/e5-int8pc --texts runs/long/texts.jsonl \\
+        --documents runs/long/docs.jsonl --epsilon 0.02 --epsilon-doc 0.01
     python -m bench.long_docs headline --checkpoint runs/e5-sib200 \\
         --kascade-model runs/e5-int8pc --data runs/sib200 --json runs/long/headline.json
 """
@@ -88,9 +91,9 @@ def documents(
     data: Path, split: str, count: int, boilerplate_share: float, tokenizer, seed: int
 ) -> list[tuple[InputDocument, str]]:
     """(document, topic) pairs: one language and one topic each, ``boilerplate_share`` of
-    them opening with mail headers; the ``holdout`` split or ``calibration`` (+ heads)."""
-    prefixes = ("holdout",) if split == "holdout" else ("calibration", "heads")
-    pools = _rows(data, prefixes)
+    them opening with mail headers, from the sentences of one split of ``bench.sib200``
+    (``heads``, ``calibration`` and ``holdout`` share none)."""
+    pools = _rows(data, (split,))
     keys = sorted(pools)
     rng = random.Random(seed)
 
@@ -221,7 +224,7 @@ def main() -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     d = sub.add_parser("documents", help="write documents (a text column) as JSONL")
     d.add_argument("--data", type=Path, required=True)
-    d.add_argument("--split", choices=["calibration", "holdout"], required=True)
+    d.add_argument("--split", choices=["heads", "calibration", "holdout"], required=True)
     d.add_argument("--count", type=int, required=True)
     d.add_argument("--boilerplate-share", type=float, default=0.0)
     d.add_argument("--tokenizer-model", type=Path, required=True)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers import kascade_cli
 from kascade.dataflow.consume import read_all
-from kascade.schemas import OutputRecord
+from kascade.schemas import OutputRecord, StopReason
 from kascade.schemas.cascade import CASCADE_FILE
 from kascade.schemas.settings import KafkaSettings
 
@@ -57,3 +57,10 @@ def test_the_demo_builds_its_multilingual_model_and_labels_documents_in_every_la
     assert len(right) >= 0.9 * len(expected), sorted(set(expected) - set(right))
     languages = {i.split("-")[2] for i in right}  # doc-<topic>-<language or number>
     assert {"de", "fr", "es", "ru", "zh", "ja", "ar", "hi", "ko", "pt"} <= languages
+    # The long samples are where the certified document stop shows in the table.
+    long = [rec for rec in out if rec.id.endswith("-long")]
+    assert len(long) == 2
+    for rec in long:
+        assert rec.reading is not None and rec.reading.stopped is StopReason.CERTAIN, rec.id
+        assert rec.reading.chunks_read < rec.reading.chunks_total
+    assert "(stop)" in r.stdout and "never read" in r.stdout

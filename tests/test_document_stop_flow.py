@@ -127,6 +127,35 @@ def test_a_text_longer_than_the_limit_is_labeled_when_its_stop_comes_first(
     assert all("did not make the label certain" in d.detail for d in dead)
 
 
+def test_calibration_reads_documents_with_the_full_model_only_until_their_label_is_decided(
+    stopping: Path,
+) -> None:
+    """The lazy full read gives exactly the label of the full model on every chunk."""
+    from kascade.operators.cascade import Cascade
+    from kascade.operators.encoder import Encoder, load_model_dir
+    from kascade.schemas import Aggregation
+    from kascade.toolchain.document_stop import full_read_labels, read_documents
+    from kascade.toolchain.features import extract
+
+    loaded = load_model_dir(stopping)
+    cascade = Cascade.load(stopping, loaded.manifest_sha256)
+    enc = Encoder(loaded, graphs="stages")
+    texts = [d.text for d in long_documents(16, seed=5)]
+    docs = read_documents(
+        enc,
+        texts,
+        chunking=SMALL_CHUNKS,
+        heads=(cascade.s0, cascade.s1),
+        point=cascade.point,
+        aggregation=Aggregation.TOKEN_MEAN,
+    )
+    f = extract(enc, texts, max_tokens=SMALL_CHUNKS.max_tokens, overlap=SMALL_CHUNKS.overlap)
+    every_chunk = full_read_labels(f, Aggregation.TOKEN_MEAN)
+    firsts = [int(every_chunk[f.source == i][0]) for i in range(len(texts))]
+    assert [d.full_label for d in docs] == firsts
+    assert [len(d.seen) for d in docs] == [int((f.source == i).sum()) for i in range(len(texts))]
+
+
 def test_certified_reading_without_a_certified_stop_is_a_one_line_error(
     exported: dict[str, Path], tmp_path: Path
 ) -> None:

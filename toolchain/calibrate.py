@@ -45,7 +45,7 @@ from kascade.toolchain.certify import (
     min_accepted,
     upper_bound,
 )
-from kascade.toolchain.document_stop import certify_stop, documents_of, on_topic_targets
+from kascade.toolchain.document_stop import certify_stop, on_topic_targets, read_documents
 from kascade.toolchain.features import Features, extract
 
 RISK_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
@@ -317,7 +317,6 @@ def calibrate(
     )
     if documents is None:
         return _written(model_dir, spec)
-    d = extract(enc, documents, max_tokens=max_tokens, overlap=overlap)
     # The on-topic head learns from the calibration texts' chunks when those are documents
     # too; the stop is then certified on other documents, which it has not seen.
     on_topic = (
@@ -325,8 +324,10 @@ def calibrate(
     )
     if on_topic is None:
         stop_path = tuple(r for r in stop_path if r.min_on_topic == 0)
-    docs = documents_of(
-        d,
+    docs = read_documents(
+        enc,
+        [t for t in documents if t.strip()],
+        chunking=chunking,
         heads=(Head.of(s0), Head.of(s1)),
         point=point,
         aggregation=aggregation,

@@ -16,10 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from kascade.operators.aggregation import STRATEGIES
-from kascade.operators.cascade import Head
+from kascade.operators.cascade import Head, on_topic_of, pooled
+from kascade.operators.chunking import chunk_text
+from kascade.operators.encoder import Encoder, softmax
 from kascade.operators.reading import STOP_PATH, Seen, first_stop, stop_label
 from kascade.schemas import Aggregation
 from kascade.schemas.cascade import DocumentStop, OperatingPoint, StopRule
+from kascade.schemas.settings import ChunkSettings
 from kascade.toolchain.certify import (
     CalibrationTooSmall,
     certify_sequence,
@@ -56,35 +59,63 @@ def on_topic_targets(f: Features, aggregation: Aggregation) -> np.ndarray:
     return (f.target == full_read_labels(f, aggregation)).astype(np.int64)
 
 
-def documents_of(
-    f: Features,
+def read_documents(
+    enc: Encoder,
+    texts: list[str],
     *,
+    chunking: ChunkSettings,
     heads: tuple[Head, Head],
     point: OperatingPoint,
     aggregation: Aggregation,
     on_topic: Head | None = None,
 ) -> list[Document]:
-    """Chunk features (in reading order) grouped into their documents, with the cheap
-    verdicts a run at ``point`` would reach."""
-    p0, p1 = heads[0].probs(f.embeddings), heads[1].probs(f.hidden)
-    topical = np.ones(len(p0)) if on_topic is None else on_topic.probs(f.embeddings)[:, 1]
-    full_labels = full_read_labels(f, aggregation)
-    tokens, source = f.tokens, f.source
-    by0 = p0.max(axis=1) >= point.threshold_s0
-    by1 = ~by0 & (p1.max(axis=1) >= point.threshold_s1)
-    cheap = np.where(by0[:, None], p0, p1)
+    """Each text as the stop sees it (the cheap verdicts a run at ``point`` reaches on
+    every chunk) and the full read's label. The full model runs on a document's chunks in
+    order only until no answer for the rest could change that label
+    (:meth:`Strategy.decided`, exact), which halves calibration on long single-topic text.
+    """
+    strategy = STRATEGIES[aggregation]
     docs = []
-    for d in np.unique(source):
-        rows = np.flatnonzero(source == d)
+    for text in texts:
+        chunks = chunk_text(
+            text,
+            enc.model.tokenizer,
+            max_tokens=chunking.max_tokens,
+            overlap=chunking.overlap,
+            max_chunks=10_000,
+        )
+        if not chunks:
+            continue
+        weights = [float(max(c.n_tokens, 1)) for c in chunks]
+        seen, full = [], []
+        for c in chunks:
+            ids = c.ids[None, :]
+            mask = np.ones_like(ids)
+            emb = enc.embeddings(ids, mask)
+            features = pooled(emb)
+            p0 = heads[0].probs(features)
+            topical = 1.0 if on_topic is None else on_topic_of(on_topic, features)
+            hidden = None
+            if p0.max() >= point.threshold_s0:
+                seen.append(Seen(True, p0, c.n_tokens, topical))
+            else:
+                hidden = enc.prefix(emb, mask)
+                p1 = heads[1].probs(pooled(hidden))
+                seen.append(Seen(bool(p1.max() >= point.threshold_s1), p1, c.n_tokens, topical))
+            known = len(full)  # the full model ran on chunks 0..known-1
+            if full and strategy.decided(
+                np.stack(full), np.asarray(weights[:known]), weights[known:]
+            ):
+                continue
+            hidden = enc.prefix(emb, mask) if hidden is None else hidden
+            full.append(softmax(enc.suffix(hidden, mask)[0].astype(np.float64)))
+        label, _ = strategy.combine(np.stack(full), np.asarray(weights[: len(full)]))
         docs.append(
             Document(
-                seen=[
-                    Seen(bool(by0[r] or by1[r]), cheap[r], int(tokens[r]), float(topical[r]))
-                    for r in rows
-                ],
-                full_label=int(full_labels[rows[0]]),
-                ends=[int(f.ends[r]) for r in rows],
-                text_tokens=int(f.text_tokens[rows[0]]),
+                seen=seen,
+                full_label=label,
+                ends=[c.end_token for c in chunks],
+                text_tokens=chunks[0].text_tokens,
             )
         )
     return docs

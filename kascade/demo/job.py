@@ -148,9 +148,12 @@ def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path |
         console.print(table)
         total = sum(r.chunks.total for r in out)
         cheap = sum(settled_cheaply(r) for r in out)
+        unread = sum(r.chunks.unread for r in out)
         console.print(
             f"cascade {out[0].cascade.value if out else 'off'}: {cheap} of {total} chunks"
-            " settled without the full model (cheap = S0 + S1 + skipped)"
+            " settled without the full model (cheap = S0 + S1 + skipped); "
+            f"{unread} never read, the certified document stop having known the label"
+            " (read: chunks read, (stop) where the stop ended the read)"
         )
 
         dead = [
