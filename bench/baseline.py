@@ -149,6 +149,11 @@ def main() -> None:
     p.add_argument("--doc-tokens", type=int, nargs="+", default=[4000])
     p.add_argument("--documents", type=int, default=8, help="per --doc-tokens size")
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument(
+        "--windows",
+        action="store_true",
+        help="the naive job reads whole documents in windows of the model's positions",
+    )
     p.add_argument("--brokers")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
@@ -162,7 +167,7 @@ def main() -> None:
         ckpt = args.checkpoint or random_init_checkpoint(args.fp32, Path(tmp) / "checkpoint")
         k1 = fresh_topics(brokers)
         send(k1, docs)
-        naive_s, _, truncation = naive_consumer(k1, ckpt, len(docs))
+        naive_s, _, truncation = naive_consumer(k1, ckpt, len(docs), windows=args.windows)
         naive_latency = latency_percentiles(k1)
     k2 = fresh_topics(brokers)
     send(k2, docs)
@@ -173,6 +178,7 @@ def main() -> None:
         "doc_tokens": args.doc_tokens,
         "tokens_per_doc_median": float(np.median(tokens)),
         "naive_truncation": truncation,
+        "naive_windows": args.windows,
         "naive_s": naive_s,
         "kascade_s": kascade_s,
         "naive_docs_per_s": len(docs) / naive_s,
