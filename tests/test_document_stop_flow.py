@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 from bytewax.testing import run_main
-from helpers import SMALL_CHUNKS, TINY_PATH, kascade_cli, long_documents, produce
+from helpers import (
+    BOILERPLATE,
+    SMALL_CHUNKS,
+    TINY_PATH,
+    kascade_cli,
+    long_documents,
+    produce,
+)
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
 from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, OutputRecord, StopReason
@@ -67,13 +74,22 @@ def test_reading_stops_early_on_clear_documents_and_reads_past_a_boilerplate_ope
     kafka_settings: KafkaSettings, topic_factory, stopping: Path
 ) -> None:
     docs = long_documents(24, seed=3)
-    _send(kafka_settings, docs)
+    opening = InputDocument(id="opening-only", text=" ".join([BOILERPLATE] * 18))
+    _send(kafka_settings, [*docs, opening])
     _run(kafka_settings, stopping, cascade={"mode": "on", "audit_fraction": 0.0})
     full = kafka_settings.model_copy(update={"output_topic": topic_factory("full")})
     _run(full, stopping, cascade={"mode": "off"})
 
     stopped, everything = _labels(kafka_settings), _labels(full)
-    assert sorted(stopped) == sorted(everything) == sorted(d.id for d in docs)
+    assert sorted(stopped) == sorted(everything) == sorted([*(d.id for d in docs), opening.id])
+    # Where the opening's own label is the document's, stopping inside it is right; where
+    # it is not, the stop must not come before the document's own text.
+    misleading = [
+        d.id
+        for d in docs
+        if d.metadata["boilerplate"] and everything[d.id].label != everything[opening.id].label
+    ]
+    assert misleading
     assert list(read_all(kafka_settings, kafka_settings.dead_letter_topic)) == []
     for d in docs:
         r = stopped[d.id]
@@ -82,7 +98,7 @@ def test_reading_stops_early_on_clear_documents_and_reads_past_a_boilerplate_ope
         c = r.chunks
         assert c.settled_s0 + c.settled_s1 + c.full_model + c.skipped + c.unread == c.total
         assert c.total == reading.chunks_total and c.unread == c.total - reading.chunks_read
-        if d.metadata["boilerplate"]:
+        if d.id in misleading:
             assert reading.chunks_read > OPENING_CHUNKS, d.id
         if reading.stopped is StopReason.CERTAIN:
             assert reading.chunks_read < reading.chunks_total
@@ -101,22 +117,25 @@ def test_reading_stops_early_on_clear_documents_and_reads_past_a_boilerplate_ope
 def test_a_text_longer_than_the_limit_is_labeled_when_its_stop_comes_first(
     kafka_settings: KafkaSettings, topic_factory, stopping: Path
 ) -> None:
-    """With a limit of 10 chunks, documents of 14 to 25: those the stop ends before the
-    limit are labeled, the others are dead-lettered too_long with their bytes."""
+    """Documents of 14 to 25 chunks, every third opening with boilerplate, read once
+    without a limit, then with a limit of as many chunks as the earliest stop needed:
+    those whose stop came within it are labeled alike, the others are dead-lettered
+    too_long with their bytes."""
     docs = long_documents(12, seed=4, boilerplate_every=3, repeats=(80, 140))
     _send(kafka_settings, docs)
     unlimited = kafka_settings.model_copy(update={"output_topic": topic_factory("unlimited")})
     _run(unlimited, stopping, cascade={"mode": "on"})
-    _run(kafka_settings, stopping, chunking={"max_tokens": 64, "overlap": 8, "max_chunks": 10})
-
     whole = _labels(unlimited)
-    within = {i for i, r in whole.items() if r.reading.stopped is StopReason.CERTAIN}
-    within = {i for i in within if whole[i].reading.chunks_read <= 10}
-    assert within and within != set(whole)  # both kinds are in the sample
+    stops = {i: r.reading.chunks_read for i, r in whole.items() if r.reading.stopped == "certain"}
+    limit = min(stops.values())
+    within = {i for i, n in stops.items() if n <= limit}
+    assert within and within != set(whole)  # both outcomes are in the sample
+    _run(kafka_settings, stopping, chunking={"max_tokens": 64, "overlap": 8, "max_chunks": limit})
+
     labeled = _labels(kafka_settings)
     assert set(labeled) == within
     assert all(labeled[i].label == whole[i].label for i in within)
-    assert all(labeled[i].reading.chunks_total > 10 for i in within)
+    assert all(labeled[i].reading.chunks_total > limit for i in within)
     dead = [
         DeadLetter.model_validate_json(v)
         for _, v in read_all(kafka_settings, kafka_settings.dead_letter_topic)
