@@ -144,6 +144,10 @@ class Verdict:
     hidden: np.ndarray | None = None  # prefix output, kept for escalation
     on_topic: float = 1.0  # the document stop's on-topic head, where it has one
 
+    def seen(self, n_tokens: int) -> Seen:
+        """What the document stop reads of this verdict."""
+        return Seen(self.stage != "uncertain", self.probs, n_tokens, self.on_topic)
+
 
 def audit_pick(doc_id: str, index: int, fraction: float) -> bool:
     """A deterministic draw (stable across replays): audit this settled chunk?
@@ -231,10 +235,7 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
 
     def _certain(self, s: CascadeState) -> bool:
         assert self.stop is not None
-        seen = [
-            Seen(v.stage != "uncertain", v.probs, s.tasks[i].n_tokens, v.on_topic)
-            for i, v in sorted(s.verdicts.items())
-        ]
+        seen = [v.seen(s.tasks[i].n_tokens) for i, v in sorted(s.verdicts.items())]
         return stop_label(self.stop, seen, self.strategy) is not None
 
     def _stopped(self, s: CascadeState, text_chunks: int) -> list[Out]:

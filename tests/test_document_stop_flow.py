@@ -164,8 +164,7 @@ def test_calibration_reads_documents_with_the_full_model_only_until_their_label_
         enc,
         texts,
         chunking=SMALL_CHUNKS,
-        heads=(cascade.s0, cascade.s1),
-        point=cascade.point,
+        cascade=cascade,
         aggregation=Aggregation.TOKEN_MEAN,
     )
     f = extract(enc, texts, max_tokens=SMALL_CHUNKS.max_tokens, overlap=SMALL_CHUNKS.overlap)

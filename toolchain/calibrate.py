@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kascade.operators.cascade import Head
+from kascade.operators.cascade import Cascade, Head
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.operators.reading import STOP_PATH
 from kascade.schemas import Aggregation
@@ -324,14 +324,16 @@ def calibrate(
     )
     if on_topic is None:
         stop_path = tuple(r for r in stop_path if r.min_on_topic == 0)
+    # The cascade a run would load from this spec, so the stop is certified on the
+    # verdicts a run reaches (the runtime's own cheap stages).
+    topical = None if on_topic is None else Head.of(on_topic)
+    cascade = Cascade(spec, Head.of(s0), Head.of(s1), point, topical)
     docs = read_documents(
         enc,
         [t for t in documents if t.strip()],
         chunking=chunking,
-        heads=(Head.of(s0), Head.of(s1)),
-        point=point,
+        cascade=cascade,
         aggregation=aggregation,
-        on_topic=None if on_topic is None else Head.of(on_topic),
     )
     try:
         stop = certify_stop(

@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from kascade.operators.aggregation import STRATEGIES
-from kascade.operators.cascade import Head, on_topic_of, pooled
+from kascade.operators.cascade import Cascade, cheap_stages
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, softmax
+from kascade.operators.items import ChunkTask, DocMeta
 from kascade.operators.reading import STOP_PATH, Seen, first_stop, stop_label
 from kascade.schemas import Aggregation
-from kascade.schemas.cascade import DocumentStop, OperatingPoint, StopRule
+from kascade.schemas.cascade import DocumentStop, StopRule
 from kascade.schemas.settings import ChunkSettings
 from kascade.toolchain.certify import (
     CalibrationTooSmall,
@@ -64,19 +65,18 @@ def read_documents(
     texts: list[str],
     *,
     chunking: ChunkSettings,
-    heads: tuple[Head, Head],
-    point: OperatingPoint,
+    cascade: Cascade,
     aggregation: Aggregation,
-    on_topic: Head | None = None,
 ) -> list[Document]:
-    """Each text as the stop sees it (the cheap verdicts a run at ``point`` reaches on
-    every chunk) and the full read's label. The full model runs on a document's chunks in
-    order only until no answer for the rest could change that label
+    """Each text as the stop sees it, through the runtime's own cheap stages at the
+    cascade's operating point, and the full read's label. The full model runs on a
+    document's chunks in order only until no answer for the rest could change that label
     (:meth:`Strategy.decided`, exact), which halves calibration on long single-topic text.
     """
     strategy = STRATEGIES[aggregation]
+    cheap = cheap_stages(enc, cascade, audit_fraction=0.0)
     docs = []
-    for text in texts:
+    for n, text in enumerate(texts):
         chunks = chunk_text(
             text,
             enc.model.tokenizer,
@@ -86,28 +86,22 @@ def read_documents(
         )
         if not chunks:
             continue
+        meta = DocMeta(f"calibration-{n}", len(chunks), None, None, None)
         weights = [float(max(c.n_tokens, 1)) for c in chunks]
         seen, full = [], []
         for c in chunks:
-            ids = c.ids[None, :]
-            mask = np.ones_like(ids)
-            emb = enc.embeddings(ids, mask)
-            features = pooled(emb)
-            p0 = heads[0].probs(features)
-            topical = 1.0 if on_topic is None else on_topic_of(on_topic, features)
-            hidden = None
-            if p0.max() >= point.threshold_s0:
-                seen.append(Seen(True, p0, c.n_tokens, topical))
-            else:
-                hidden = enc.prefix(emb, mask)
-                p1 = heads[1].probs(pooled(hidden))
-                seen.append(Seen(bool(p1.max() >= point.threshold_s1), p1, c.n_tokens, topical))
+            verdict = cheap(ChunkTask(meta, c.index, c.ids, c.n_tokens, c.end_token))
+            seen.append(verdict.seen(c.n_tokens))
             known = len(full)  # the full model ran on chunks 0..known-1
             if full and strategy.decided(
                 np.stack(full), np.asarray(weights[:known]), weights[known:]
             ):
                 continue
-            hidden = enc.prefix(emb, mask) if hidden is None else hidden
+            ids = c.ids[None, :]
+            mask = np.ones_like(ids)
+            hidden = verdict.hidden  # kept for uncertain chunks; S0 and S1 may not keep it
+            if hidden is None:
+                hidden = enc.prefix(enc.embeddings(ids, mask), mask)
             full.append(softmax(enc.suffix(hidden, mask)[0].astype(np.float64)))
         label, _ = strategy.combine(np.stack(full), np.asarray(weights[: len(full)]))
         docs.append(
