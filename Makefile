@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 EXTRAS ?= dev,export,bench
 PYTEST_ARGS ?=
 
-.PHONY: install demo test lint bench broker-start broker-stop registry-start registry-stop schemas
+.PHONY: install demo test lint bench broker-start broker-stop registry-start registry-stop schemas dashboard
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,10 @@ lint: install
 
 schemas: install
 	$(BIN)/python -m kascade.schemas.export
+
+# The Grafana dashboard compose provisions, regenerated from its code.
+dashboard: install
+	$(BIN)/python docker/grafana/dashboard.py
 
 broker-start:
 	docker/kafka-local.sh start

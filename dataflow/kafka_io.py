@@ -32,6 +32,7 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from kascade.dataflow.health import LINK, FoldConnectionErrors, means_unreachable
+from kascade.dataflow.supervisor import announce_joined
 from kascade.operators.items import Outgoing
 from kascade.schemas.settings import KafkaSettings
 
@@ -274,6 +275,7 @@ class ByteBudgetSource(FixedPartitionedSource[SourceItem, int | None]):
         self._max_bytes = max_bytes
 
     def list_parts(self) -> list[str]:
+        announce_joined()  # Bytewax lists partitions once every peer is connected
         return self._kafka.list_parts()
 
     def build_part(

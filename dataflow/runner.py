@@ -1,19 +1,22 @@
 """Runs the flow: a bounded cluster check first, then one process or N worker processes.
 
-``workers > 1``, or a recovery directory, runs worker processes on this host under
-:mod:`~kascade.dataflow.supervisor` (each with one Bytewax worker and its own ONNX
-Runtime session; restarted after a crash when there is a snapshot to resume). To spread the
-same flow over several hosts, run ``kascade run --addresses "h1:p;h2:p" --process-id I``
-on each host, same list, its own id (see README).
+``workers > 1``, a recovery directory, or a job spread over several hosts (``kascade run
+--addresses "h1:p;h2:p" --process-id I`` on each host, same list, its own id; see README)
+runs worker processes under :mod:`~kascade.dataflow.supervisor` (each with one Bytewax
+worker and its own ONNX Runtime session; restarted after a crash or a peer's loss when
+there is a snapshot to resume).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import tempfile
 import threading
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 from bytewax.dataflow import Dataflow
 from bytewax.errors import BytewaxRuntimeError
@@ -44,14 +47,30 @@ def with_record_limit(settings: Settings) -> Settings:
 
 
 def recovery_config(settings: Settings) -> RecoveryConfig | None:
-    """Bytewax recovery in ``settings.recovery_dir``, created on first use."""
+    """Bytewax recovery in ``settings.recovery_dir``, created on first use.
+
+    On one host the directory holds one partition per worker. In a job over several
+    hosts each process's directory holds its own partition of the cluster's (process i:
+    ``part-i`` of N): Bytewax resumes from the union of what the processes hold, so each
+    partition must exist exactly once in the cluster (README, "Running on Kubernetes").
+    """
     d = settings.recovery_dir
     if d is None:
         return None
-    if not d.exists() or not any(d.iterdir()):
+    if not d.exists() or not any(d.glob("part-*")):
         d.mkdir(parents=True, exist_ok=True)
-        init_db_dir(d, max(settings.workers, 1))
+        hosts = settings.hosts
+        if hosts is None:
+            init_db_dir(d, max(settings.workers, 1))
+        else:
+            _init_own_partition(d, settings.process_id or 0, len(hosts))
     return RecoveryConfig(str(d))
+
+
+def _init_own_partition(d: Path, index: int, count: int) -> None:
+    with tempfile.TemporaryDirectory(dir=d) as scratch:
+        init_db_dir(Path(scratch), count)
+        os.replace(Path(scratch) / f"part-{index}.sqlite3", d / f"part-{index}.sqlite3")
 
 
 def run_process(
@@ -65,7 +84,9 @@ def run_process(
     if settings.metrics_port is not None:
         from prometheus_client import start_http_server
 
-        start_http_server(settings.metrics_port + (process_id or 0), addr=settings.metrics_host)
+        # Worker i of this host serves port + i; a host of a multi-host job, the port.
+        offset = 0 if settings.hosts is not None else process_id or 0
+        start_http_server(settings.metrics_port + offset, addr=settings.metrics_host)
     flow = build(settings)
     # SIGTERM or SIGINT drains: the source stops reading as if the input had ended, what
     # is in flight is classified and delivered, the flow ends with a last snapshot. A
@@ -101,20 +122,17 @@ def run(settings: Settings, build: FlowBuilder) -> int:
     :class:`~kascade.dataflow.kafka_io.KafkaUnavailable`,
     :class:`~kascade.operators.registry.RegistryUnavailable`), then run.
 
-    With ``settings.addresses`` this process is process ``settings.process_id`` of a
+    With ``settings.addresses`` this host runs process ``settings.process_id`` of a
     cluster spread over several hosts (every host runs the same command with its own
-    id); otherwise ``settings.workers`` processes run here. Blocks until the flow ends:
+    id); otherwise ``settings.workers`` processes run here; both under the supervisor
+    unless a single process without recovery runs here. Blocks until the flow ends:
     at the end of the input when ``kafka.tail`` is false, otherwise until interrupted.
     Returns a process exit status.
     """
     check_cluster(settings.kafka, required_topics(settings))
     check_registry(settings.registry)
     settings = with_record_limit(settings)
-    hosts = settings.cluster
-    if hosts is not None:
-        run_process(settings, build, process_id=settings.process_id, addresses=hosts)
-        return 0
-    if settings.workers == 1 and settings.recovery_dir is None:
+    if settings.hosts is None and settings.workers == 1 and settings.recovery_dir is None:
         run_process(settings, build)
         return 0
     recovery_config(settings)  # create the store once, before the workers race for it

@@ -1,8 +1,12 @@
 """The worker processes of a run on this host: started, relayed, drained, restarted.
 
-One process per worker (Bytewax cluster mode on 127.0.0.1 ports). Their stderr is
-relayed; once one fails, its siblings' panics at losing it are held back so the first
-cause is what is read. SIGTERM/SIGINT drains them. With a recovery directory a run
+One process per worker (Bytewax cluster mode on 127.0.0.1 ports), or, in a job spread
+over several hosts (``addresses``, ``process_id``), this host's one process of the
+cluster. Their stderr is relayed; once one fails, its siblings' lines at losing it are
+held back so the first cause is what is read, and a process that lost a peer on another
+host says which (:mod:`~kascade.dataflow.peers`). A cluster that has not formed within
+``cluster.connect_timeout_s`` is one line and exit 1. SIGTERM/SIGINT drains them (the
+whole cluster, when spread over hosts). With a recovery directory a run
 whose worker died starts again from the last snapshot, after a backoff that doubles,
 at most ``restarts.limit`` times in a row; a run that lasted ``restarts.healthy_after_s``
 resets the count. A record a worker died inside (:mod:`kascade.operators.inflight`)
@@ -15,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -26,6 +31,15 @@ from pathlib import Path
 
 from bytewax.dataflow import Dataflow
 from kascade.dataflow.local_broker import free_port
+from kascade.dataflow.peers import (
+    NOT_ANSWERING,
+    ControlServer,
+    Peer,
+    ask_to_drain,
+    describe,
+    peers_of,
+    states,
+)
 from kascade.operators import inflight
 from kascade.schemas.quarantine import Quarantine, Suspect
 from kascade.schemas.settings import Settings
@@ -39,12 +53,38 @@ FAILURE_MARK = "kascade: worker "
 # A worker's exit status for a KascadeError (settings, broker, model): a restart would
 # fail the same way, so the job exits.
 FATAL_EXIT = 3
+# A worker that lost its connection to a peer (Bytewax panics): the peer is the cause.
+PEER_LOST_EXIT = 4
+# The line a worker prints once its dataflow is connected to every peer.
+JOINED_MARK = "kascade: joined"
 # How long workers get to finish what they hold after SIGTERM/SIGINT.
 DRAIN_S = 30.0
+# How long a cluster may take to form before the supervisor says whom it waits for.
+WAIT_NOTICE_S = 3.0
+# How long after losing a peer its supervisor has surely noticed too.
+LOST_PROBE_DELAY_S = 0.5
+# Bytewax (timely) prints this every second while a peer's port refuses connections.
+_TIMELY_RETRY = re.compile(r"error connecting to worker \d+")
 
 
 class WorkerFailed(KascadeError):
     """A worker process stopped with an error; the message is the first failure's."""
+
+
+_in_worker = threading.Event()
+
+
+def in_worker() -> None:
+    """This process is a worker under a supervisor (called by its main)."""
+    _in_worker.set()
+
+
+def announce_joined() -> None:
+    """Tell the supervisor this worker's dataflow runs. Bytewax builds a dataflow only
+    once every peer is connected, so the flow's source calls this when it is built; in a
+    process without a supervisor it does nothing."""
+    if _in_worker.is_set():
+        print(JOINED_MARK, file=sys.stderr, flush=True)
 
 
 def notes_dir(recovery_dir: Path) -> Path:
@@ -62,6 +102,29 @@ class Orders:
 
 
 @dataclass(frozen=True)
+class Layout:
+    """Which processes of the cluster run on this host, and where the others are."""
+
+    ids: tuple[int, ...]
+    hosts: tuple[str, ...] | None  # None: this host's workers on fresh local ports
+    peers: list[Peer]
+
+    @classmethod
+    def of(cls, settings: Settings) -> Layout:
+        hosts = settings.hosts
+        if hosts is None:
+            return cls(tuple(range(settings.workers)), None, [])
+        own = settings.process_id
+        assert own is not None
+        return cls((own,), tuple(hosts), peers_of(hosts, own, settings.cluster.control_port_offset))
+
+    def addresses(self) -> list[str]:
+        if self.hosts is not None:
+            return list(self.hosts)
+        return [f"127.0.0.1:{free_port()}" for _ in self.ids]
+
+
+@dataclass(frozen=True)
 class Ending:
     """How one start of the worker processes ended."""
 
@@ -71,26 +134,45 @@ class Ending:
 
 
 def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> int:
-    """Run ``settings.workers`` processes until the flow ends; exit status 0, or raises
+    """Run this host's worker processes until the flow ends; exit status 0, or raises
     :class:`WorkerFailed` with the first failure's cause."""
     r = settings.restarts
+    layout = Layout.of(settings)
     stopping = threading.Event()
     running: list[subprocess.Popen] = []
 
-    def stop(_signum: int, _frame: object) -> None:
-        # Workers drain on SIGINT (Bytewax's interrupt); SIGTERM reaches us from systemd,
-        # Kubernetes or docker stop.
+    def stop() -> None:
         stopping.set()
+        if control is not None:
+            control.state = "draining"
         for p in running:
             if p.poll() is None:
-                p.send_signal(signal.SIGINT)
+                p.send_signal(signal.SIGINT)  # workers drain on SIGINT (Bytewax's interrupt)
 
-    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    def signalled(_signum: int, _frame: object) -> None:
+        # SIGTERM reaches us from systemd, Kubernetes or docker stop. A cluster drains as
+        # one: a process that stopped reading alone would leave its peers waiting on it.
+        first = not stopping.is_set()
+        stop()
+        if first and layout.peers:
+            log.warning("draining: asking the cluster's other processes to drain too")
+            threading.Thread(target=_drain_peers, args=(layout.peers,), daemon=True).start()
+
+    def drained_by_peer() -> None:
+        if not stopping.is_set():
+            log.warning("a peer is stopping: draining this process too")
+            stop()
+
+    control = None
+    if layout.hosts is not None:
+        own = layout.hosts[layout.ids[0]]
+        control = ControlServer(own, settings.cluster.control_port_offset, drained_by_peer)
+    previous = {s: signal.signal(s, signalled) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         restarts, wait = 0, r.backoff_s
         while True:
             began = time.monotonic()
-            ending = _start_once(settings, build, restarts, running, stopping)
+            ending = _start_once(settings, build, layout, restarts, running, stopping, control)
             if ending.cause is None:
                 return 0
             if time.monotonic() - began >= r.healthy_after_s:
@@ -102,6 +184,8 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> int:
             if ending.suspect is not None:
                 _count_death(settings.recovery_dir, ending.suspect, r.quarantine_after)
             restarts += 1
+            if control is not None:
+                control.state = "restarting"
             log.warning(
                 "%s; restarting the workers from the last snapshot in %g s (restart %d of %d)",
                 ending.cause,
@@ -115,6 +199,14 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> int:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        if control is not None:
+            control.close()
+
+
+def _drain_peers(peers: list[Peer]) -> None:
+    unreached = [str(p) for p in peers if not ask_to_drain(p)]
+    if unreached:
+        log.warning("could not ask %s to drain", ", ".join(unreached))
 
 
 def _count_death(recovery_dir: Path, suspect: Suspect, after: int) -> None:
@@ -132,23 +224,26 @@ def _count_death(recovery_dir: Path, suspect: Suspect, after: int) -> None:
 def _start_once(
     settings: Settings,
     build: Callable[[Settings], Dataflow],
+    layout: Layout,
     restarts: int,
     running: list[subprocess.Popen],
     stopping: threading.Event,
+    control: ControlServer | None,
 ) -> Ending:
     notes = None if settings.recovery_dir is None else notes_dir(settings.recovery_dir)
     if notes is not None:
         for old in notes.glob("*"):
             old.unlink()
-    addresses = [f"127.0.0.1:{free_port()}" for _ in range(settings.workers)]
+    addresses = layout.addresses()
     # Secrets travel by pipe, never in argv or the environment.
     payload = pickle.dumps(Orders(settings, build, restarts, os.getpid())).hex()
     running.clear()
-    for i in range(settings.workers):
+    for i in layout.ids:
         p = subprocess.Popen(
             [sys.executable, "-m", "kascade.dataflow.worker", str(i), ";".join(addresses)],
             stdin=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE,  # Bytewax prints its connection retries here
+            stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
         )
@@ -156,44 +251,106 @@ def _start_once(
         p.stdin.write(payload)
         p.stdin.close()
         running.append(p)
-    procs = list(running)
+    procs = dict(zip(layout.ids, running, strict=True))
     relay = _Relay(procs)
+    began = time.monotonic()
+    timeout_s = settings.cluster.connect_timeout_s
+    told_waiting = False
     deadline = None
-    while any(p.poll() is None for p in procs):
-        failed = [i for i, p in enumerate(procs) if p.poll() not in (None, 0)]
+    while any(p.poll() is None for p in procs.values()):
+        joined = relay.joined() >= procs.keys()
+        if control is not None and not stopping.is_set():
+            control.state = "running" if joined else "waiting"
+        failed = [i for i, p in procs.items() if p.poll() not in (None, 0)]
         if failed and not stopping.is_set():
-            _terminate(procs)
+            _terminate(list(procs.values()))
             relay.join()
-            return _failure(procs, failed, relay, notes)
+            return _failure(procs, failed, relay, notes, layout.peers)
         if stopping.is_set():
+            # A worker still waiting for its peers holds nothing, and Bytewax does not
+            # look at signals until the cluster has formed.
+            for i, p in procs.items():
+                if i not in relay.joined() and p.poll() is None:
+                    p.kill()
             deadline = deadline or time.monotonic() + DRAIN_S
             if time.monotonic() > deadline:
-                _terminate(procs, grace_s=0)
+                _terminate(list(procs.values()), grace_s=0)
                 return Ending(f"workers did not drain within {DRAIN_S:g} s; killed", fatal=True)
+        elif not joined:
+            waited = time.monotonic() - began
+            if waited > timeout_s:
+                _terminate(list(procs.values()), grace_s=0)
+                relay.join()
+                missing = _missing(layout.peers, relay)
+                return Ending(
+                    f"the cluster did not form within {timeout_s:g} s"
+                    f" (cluster.connect_timeout_s): {missing}",
+                    fatal=True,
+                )
+            if layout.peers and not told_waiting and waited > WAIT_NOTICE_S:
+                told_waiting = True
+                log.warning(
+                    "waiting up to %g s for the cluster to form: %s",
+                    timeout_s,
+                    _missing(layout.peers, relay),
+                )
         time.sleep(0.2)
     relay.join()
-    failed = [i for i, p in enumerate(procs) if p.returncode]
-    return _failure(procs, failed, relay, notes) if failed else Ending()
+    failed = [i for i, p in procs.items() if p.returncode]
+    return _failure(procs, failed, relay, notes, layout.peers) if failed else Ending()
+
+
+def _missing(peers: list[Peer], relay: _Relay) -> str:
+    """Who the cluster is waiting for, as a peer would see it."""
+    if not peers:
+        return "this host's worker processes did not connect to each other"
+    found = states(peers)
+    absent = describe(found, want=lambda s: s == NOT_ANSWERING)
+    if absent:
+        return absent
+    retry = relay.last_retry()
+    return f"every peer answers ({describe(found, want=bool)})" + (
+        f" but the dataflow cannot connect: {retry}" if retry else ""
+    )
 
 
 def _failure(
-    procs: list[subprocess.Popen], failed: list[int], relay: _Relay, notes: Path | None
+    procs: dict[int, subprocess.Popen],
+    failed: list[int],
+    relay: _Relay,
+    notes: Path | None,
+    peers: list[Peer],
 ) -> Ending:
     """The ending told by the worker that failed first, with the record it died inside."""
     index = _first_failure(procs, failed, relay)
     code = procs[index].returncode
+    if code == PEER_LOST_EXIT:
+        # Not this host's fault: no record is suspected, and the peers say who is gone.
+        return Ending(_lost(peers) if peers else _cause(relay, index, code))
     suspect = None if notes is None else inflight.read(notes / str(index))
     return Ending(_cause(relay, index, code), code == FATAL_EXIT, suspect)
 
 
-def _first_failure(procs: list[subprocess.Popen], failed: list[int], relay: _Relay) -> int:
-    # A process killed by a signal printed nothing, and its siblings' panics at losing it
-    # may arrive first: the killed one is the cause.
+def _lost(peers: list[Peer]) -> str:
+    time.sleep(LOST_PROBE_DELAY_S)  # a peer whose worker died says "restarting" by then
+    found = states(peers)
+    gone = describe(found, want=lambda s: s != "running")
+    if gone:
+        return f"lost {gone}"
+    return f"lost the cluster's connection ({describe(found, want=bool)})"
+
+
+def _first_failure(procs: dict[int, subprocess.Popen], failed: list[int], relay: _Relay) -> int:
+    # A process killed by a signal printed nothing, and its siblings' lines at losing it
+    # may arrive first: the killed one is the cause; one that lost its peers is the last.
     killed = [i for i in failed if procs[i].returncode < 0]
     if killed:
         return killed[0]
+    own = [i for i in failed if procs[i].returncode != PEER_LOST_EXIT]
     first = relay.first_failure()
-    return first if first is not None else failed[0]
+    if first is not None and (first in own or not own):
+        return first
+    return (own or failed)[0]
 
 
 def _cause(relay: _Relay, index: int, code: int) -> str:
@@ -203,24 +360,32 @@ def _cause(relay: _Relay, index: int, code: int) -> str:
 
 
 class _Relay:
-    """Forwards each worker's stderr; once one worker has failed, its siblings' lines
-    are held back."""
+    """Forwards each worker's output to stderr, minus the lines the supervisor tells once: failure
+    marks, joins, and Bytewax's connection retries (one a second per missing peer).
+    Once one worker has failed, its siblings' lines are held back."""
 
-    def __init__(self, procs: list[subprocess.Popen]) -> None:
+    def __init__(self, procs: dict[int, subprocess.Popen]) -> None:
         self._lock = threading.Lock()
         self._first: int | None = None
         self._causes: dict[int, str] = {}
+        self._joined: set[int] = set()
+        self._retry: str | None = None
         self._threads = [
-            threading.Thread(target=self._pump, args=(i, p), daemon=True)
-            for i, p in enumerate(procs)
+            threading.Thread(target=self._pump, args=(i, p), daemon=True) for i, p in procs.items()
         ]
         for t in self._threads:
             t.start()
 
     def _pump(self, index: int, proc: subprocess.Popen) -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
+        assert proc.stdout is not None
+        for line in proc.stdout:
             with self._lock:
+                if line.startswith(JOINED_MARK):
+                    self._joined.add(index)
+                    continue
+                if _TIMELY_RETRY.search(line):
+                    self._retry = line.strip()
+                    continue
                 if line.startswith(FAILURE_MARK):
                     self._causes[index] = line.strip()
                     if self._first is None:
@@ -228,6 +393,14 @@ class _Relay:
                     continue  # the supervisor reports it, once
                 if self._first is None or self._first == index:
                     sys.stderr.write(line)
+
+    def joined(self) -> set[int]:
+        with self._lock:
+            return set(self._joined)
+
+    def last_retry(self) -> str | None:
+        with self._lock:
+            return self._retry
 
     def first_failure(self) -> int | None:
         with self._lock:

@@ -16,8 +16,15 @@ import signal
 import sys
 import traceback
 
+from kascade.dataflow import supervisor
 from kascade.dataflow.runner import run_process
-from kascade.dataflow.supervisor import FAILURE_MARK, FATAL_EXIT, Orders, notes_dir
+from kascade.dataflow.supervisor import (
+    FAILURE_MARK,
+    FATAL_EXIT,
+    PEER_LOST_EXIT,
+    Orders,
+    notes_dir,
+)
 from kascade.operators import inflight, metrics
 
 from kascade.errors import kascade_error_in
@@ -34,6 +41,12 @@ def _die_with(supervisor_pid: int) -> None:
         os._exit(1)
 
 
+def _lost_a_peer(e: BaseException) -> bool:
+    """Bytewax's answer to a peer's connection breaking: a Rust panic of the thread that
+    sends to or receives from it (a ``BaseException``, so no ``except Exception`` sees it)."""
+    return type(e).__name__ == "PanicException" and "thread panic" in str(e)
+
+
 def main() -> int:
     if len(sys.argv) != 3:
         print(
@@ -48,11 +61,17 @@ def main() -> int:
     index = int(sys.argv[1])
     settings = orders.settings
     metrics.RESTARTS.set(orders.restarts)
+    supervisor.in_worker()
     if settings.recovery_dir is not None:
         inflight.track(notes_dir(settings.recovery_dir) / str(index))
     try:
         run_process(settings, orders.build, process_id=index, addresses=sys.argv[2].split(";"))
-    except Exception as e:
+    except BaseException as e:
+        if _lost_a_peer(e):
+            print(f"{FAILURE_MARK}{index}: lost its connection to a peer", file=sys.stderr)
+            return PEER_LOST_EXIT
+        if not isinstance(e, Exception):
+            raise
         cause = kascade_error_in(e)
         # The supervisor reports this line, from whichever worker failed first.
         print(f"{FAILURE_MARK}{index}: {cause or f'{type(e).__name__}: {e}'}", file=sys.stderr)

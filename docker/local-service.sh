@@ -1,4 +1,4 @@
-# Shared by kafka-local.sh and registry-local.sh (sourced, not run): a JVM service on
+# Shared by kafka-local.sh, registry-local.sh and prometheus-local.sh (sourced, not run): a service on
 # 127.0.0.1 whose PID is kept in $pidfile. The sourcing script sets $name (its message
 # prefix), $what (what it runs, for messages) and $pidfile first.
 

@@ -223,6 +223,8 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
             except Exception:  # the cheap stages are an optimisation: the full model decides
                 metrics.CHEAP_FAILURES.inc()
                 verdict = Verdict("uncertain", None)
+            if verdict.stage != "uncertain":
+                metrics.CHUNKS_SETTLED.labels(verdict.stage).inc()
             s.verdicts[task.index] = verdict
             if self.stop is not None and s.read < text_chunks and self._certain(s):
                 s.decided = True

@@ -218,6 +218,27 @@ class RestartSettings(BaseModel):
     )
 
 
+class ClusterSettings(BaseModel):
+    """How the processes of one job spread over several hosts find and watch each other."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    connect_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        le=86_400,
+        description="How long a process waits for its peers to join the cluster before it"
+        " exits non-zero naming the missing ones (an orchestrator then restarts it).",
+    )
+    control_port_offset: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Each process answers its peers' state and drain requests on its"
+        " address's port plus this (HTTP).",
+    )
+
+
 class Settings(BaseSettings):
     """Everything a kascade run needs, validated before anything starts."""
 
@@ -246,7 +267,11 @@ class Settings(BaseSettings):
     snapshot_interval_s: float = Field(default=5.0, gt=0, le=3600)
     restarts: RestartSettings = Field(default_factory=RestartSettings)
     metrics_port: int | None = Field(
-        default=None, ge=1, le=65535, description="Prometheus port of process 0 (+i for i)."
+        default=None,
+        ge=1,
+        le=65535,
+        description="Prometheus port (worker i of this host: +i; each host of a"
+        " multi-host job serves it as is).",
     )
     metrics_host: str = Field(default="127.0.0.1", description="Address the metrics bind.")
     allow_oversubscribe: bool = Field(
@@ -260,9 +285,10 @@ class Settings(BaseSettings):
     process_id: int | None = Field(
         default=None, ge=0, description="This host's index in addresses."
     )
+    cluster: ClusterSettings = Field(default_factory=ClusterSettings)
 
     @property
-    def cluster(self) -> list[str] | None:
+    def hosts(self) -> list[str] | None:
         """The hosts of a multi-host job, in order; ``None`` for a single-host job."""
         return None if self.addresses is None else [a for a in self.addresses.split(";") if a]
 
@@ -275,7 +301,7 @@ class Settings(BaseSettings):
     def _cluster_is_complete(self) -> Settings:
         if (self.addresses is None) != (self.process_id is None):
             raise ValueError("addresses and process_id go together")
-        hosts = self.cluster
+        hosts = self.hosts
         if hosts is not None:
             if not hosts:
                 raise ValueError("addresses names no host")
@@ -284,6 +310,17 @@ class Settings(BaseSettings):
                 raise ValueError(f"process_id must be in 0..{len(hosts) - 1}")
             if self.workers != 1:
                 raise ValueError("with addresses each host runs one worker process; drop workers")
+            taken = set(hosts)
+            for a in hosts:
+                host, _, port = a.rpartition(":")
+                if not port.isdigit():
+                    raise ValueError(f"address {a!r} is not host:port")
+                control = f"{host}:{int(port) + self.cluster.control_port_offset}"
+                if control in taken:
+                    raise ValueError(
+                        f"{a}'s control port (port + cluster.control_port_offset) is {control},"
+                        " another process's address"
+                    )
         return self
 
     @model_validator(mode="after")

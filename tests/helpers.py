@@ -32,6 +32,19 @@ def kascade_cli(
     )
 
 
+def cluster_addresses(n: int) -> str:
+    """``n`` addresses on this host for one cluster: free ports whose successors (each
+    process's control port) are free and none of them another's."""
+    from kascade.dataflow.local_broker import free_port
+
+    ports: list[int] = []
+    while len(ports) < n:
+        p = free_port()
+        if all(abs(p - q) > 1 for q in ports):
+            ports.append(p)
+    return ";".join(f"127.0.0.1:{p}" for p in ports)
+
+
 def produce(settings: KafkaSettings, records: list[tuple[bytes | None, bytes]]) -> None:
     producer = Producer({"bootstrap.servers": settings.brokers})
     for key, value in records:

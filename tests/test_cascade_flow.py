@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from bytewax.testing import run_main
-from helpers import SMALL_CHUNKS, TINY_PATH, documents, kascade_cli, produce, texts
+from helpers import SMALL_CHUNKS, documents, kascade_cli, produce, texts
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
 from kascade.operators.cascade import Cascade
@@ -18,15 +18,6 @@ from kascade.schemas.manifest import read_manifest
 from kascade.schemas.settings import KafkaSettings, Settings
 from kascade.toolchain import ToolchainError
 from kascade.toolchain.calibrate import CalibrationTooSmall, calibrate
-
-
-# The tiny random model's heads are far less confident than a trained model's.
-@pytest.fixture(scope="module")
-def calibrated(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("calibrated") / "model"
-    shutil.copytree(exported["modernbert"], d)
-    calibrate(d, texts(300), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
-    return d
 
 
 def test_calibration_writes_heads_and_a_certified_point_bound_to_the_model(

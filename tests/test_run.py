@@ -9,7 +9,15 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import documents, kascade_cli, kascade_run, output_count, output_ids, produce
+from helpers import (
+    cluster_addresses,
+    documents,
+    kascade_cli,
+    kascade_run,
+    output_count,
+    output_ids,
+    produce,
+)
 from kascade.dataflow.local_broker import free_port
 from kascade.schemas import InputDocument
 from kascade.schemas.settings import KafkaSettings
@@ -92,7 +100,7 @@ def test_two_hosts_run_one_job_when_each_gets_the_address_list_and_its_id(
 ) -> None:
     docs = documents(40)
     produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
-    addresses = f"127.0.0.1:{free_port()};127.0.0.1:{free_port()}"
+    addresses = cluster_addresses(2)
     procs = [
         kascade_run(
             kafka_settings,

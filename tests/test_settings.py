@@ -54,3 +54,19 @@ def test_a_missing_config_file_is_an_error_not_silently_ignored(tmp_path: Path) 
 def test_an_unknown_setting_is_rejected() -> None:
     with pytest.raises(ValidationError):
         load_settings(kafka={"brokerz": "x"})
+
+
+def test_a_cluster_whose_control_port_is_another_process_address_is_refused() -> None:
+    with pytest.raises(ValidationError, match=r"control port .* is h:7001, another process"):
+        load_settings(addresses="h:7000;h:7001", process_id=0)
+    spaced = load_settings(addresses="h:7000;h:7002", process_id=1)
+    assert spaced.hosts == ["h:7000", "h:7002"]
+    offset = load_settings(
+        addresses="h:7000;h:7001", process_id=1, cluster={"control_port_offset": 2}
+    )
+    assert offset.cluster.connect_timeout_s == 120
+
+
+def test_an_address_without_a_port_is_refused() -> None:
+    with pytest.raises(ValidationError, match="'h' is not host:port"):
+        load_settings(addresses="h", process_id=0)

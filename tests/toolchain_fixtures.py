@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,16 @@ def exported(
         out[name] = root / name
         export_checkpoint(str(ckpt), out[name], cascade_layer=2, max_length=None)
     return out
+
+
+# The tiny random model's heads are far less confident than a trained model's.
+@pytest.fixture(scope="session")
+def calibrated(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny ModernBERT export with a cascade calibrated on small chunks."""
+    from helpers import SMALL_CHUNKS, TINY_PATH, texts
+    from kascade.toolchain.calibrate import calibrate
+
+    d = tmp_path_factory.mktemp("calibrated") / "model"
+    shutil.copytree(exported["modernbert"], d)
+    calibrate(d, texts(300), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+    return d

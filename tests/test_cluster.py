@@ -1,0 +1,192 @@
+"""Faults injected into a job spread over two processes (``--addresses``, ``--process-id``,
+each with its own recovery directory), through the real broker: one process killed with
+``kill -9`` and started again, SIGTERM to one process, a peer that never starts. Each test
+is bounded, accounts for every input id and reads every line the processes print."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from helpers import cluster_addresses, kascade_run, output_count, output_ids
+from kascade.schemas.settings import KafkaSettings
+from test_faults import many, send, wait_for_outputs
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
+
+FAST = ("--restarts.backoff-s", "0.2", "--snapshot-interval-s", "0.5")
+
+
+class Cluster:
+    """Two ``kascade run`` processes of one cluster on this host, as two hosts would be."""
+
+    def __init__(self, settings: KafkaSettings, model: Path, tmp_path: Path, *extra: str):
+        self.settings, self.model, self.tmp, self.extra = settings, model, tmp_path, extra
+        self.addresses = cluster_addresses(2).split(";")
+        self.procs: dict[int, subprocess.Popen] = {}
+
+    def start(self, index: int, *more: str) -> subprocess.Popen:
+        self.procs[index] = kascade_run(
+            self.settings,
+            self.model,
+            "--addresses",
+            ";".join(self.addresses),
+            "--process-id",
+            str(index),
+            "--recovery-dir",
+            str(self.tmp / f"recovery-{index}"),
+            *FAST,
+            *self.extra,
+            *more,
+        )
+        return self.procs[index]
+
+    def state(self, index: int) -> str:
+        host, port = self.addresses[index].split(":")
+        url = f"http://{host}:{int(port) + 1}/state"
+        try:
+            return urllib.request.urlopen(url, timeout=2).read().decode()
+        except OSError:
+            return "not answering"
+
+    def stop_all(self) -> dict[int, tuple[int, str]]:
+        """SIGTERM to every process still running; each one's exit status and stderr."""
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        ended = {}
+        for i, p in self.procs.items():
+            _, err = p.communicate(timeout=90)
+            ended[i] = (p.returncode, err)
+        return ended
+
+
+def only_one_liners(err: str) -> None:
+    """What a process printed is log lines, never a traceback or a panic."""
+    assert "Traceback" not in err and "panic" not in err, err
+    assert "error connecting to worker" not in err, err  # folded into one line
+
+
+def test_a_process_killed_with_kill_9_is_rejoined_by_its_peer_when_it_returns_and_nothing_is_lost(
+    kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    docs = many(250)
+    send(kafka_settings, docs)
+    cluster = Cluster(kafka_settings, exported["bert"], tmp_path)
+    survivor = cluster.start(0)
+    killed = cluster.start(1)
+    try:
+        wait_for_outputs(kafka_settings, 200, survivor, timeout_s=180)
+        killed.kill()
+        killed.communicate(timeout=30)
+        assert output_count(kafka_settings) < len(docs), "the job finished before the kill"
+        time.sleep(3)  # the survivor notices, restarts its worker, waits for its peer
+        assert survivor.poll() is None, "the survivor exited when its peer was killed"
+        assert cluster.state(0) == "waiting"
+        returned = time.monotonic()
+        cluster.start(1)
+        while cluster.state(0) != "running":
+            assert time.monotonic() - returned < 30, "the cluster did not form again in 30 s"
+            time.sleep(0.2)
+        deadline = time.monotonic() + 300
+        while set(output_ids(kafka_settings)) != {d.id for d in docs}:
+            assert time.monotonic() < deadline, "not every document was labeled"
+            assert all(p.poll() is None for p in cluster.procs.values())
+            time.sleep(1)
+    finally:
+        ended = cluster.stop_all()
+    survivor_status, survivor_err = ended[0]
+    assert survivor_status == 0, survivor_err
+    assert ended[1][0] == 0, ended[1][1]
+    only_one_liners(survivor_err)
+    only_one_liners(ended[1][1])
+    peer = cluster.addresses[1]
+    assert (
+        f"lost process 1 ({peer}): not answering; restarting the workers from the last"
+        " snapshot in 0.2 s (restart 1 of 5)"
+    ) in survivor_err
+
+
+def test_sigterm_to_one_process_drains_the_whole_cluster_and_a_restart_resumes_losing_nothing(
+    kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    docs = many(250)
+    send(kafka_settings, docs)
+    cluster = Cluster(kafka_settings, exported["bert"], tmp_path)
+    for i in (0, 1):
+        cluster.start(i)
+    wait_for_outputs(kafka_settings, 200, cluster.procs[0], timeout_s=180)
+    began = time.monotonic()
+    cluster.procs[1].send_signal(signal.SIGTERM)
+    ended = {i: (p.wait(timeout=60), p) for i, p in cluster.procs.items()}
+    assert time.monotonic() - began < 35  # the drain bound is 30 s
+    for i, (status, p) in ended.items():
+        _, err = p.communicate()
+        assert status == 0, err
+        only_one_liners(err)
+        if i == 0:
+            assert "a peer is stopping: draining this process too" in err
+    done = output_count(kafka_settings)
+    assert done < len(docs), "the job finished before the signal"
+
+    restarted = [cluster.start(i, "--bounded") for i in (0, 1)]
+    for p in restarted:
+        _, err = p.communicate(timeout=400)
+        assert p.returncode == 0, err
+        only_one_liners(err)
+    ids = output_ids(kafka_settings)
+    assert set(ids) == {d.id for d in docs}
+    assert len(ids) < len(docs) + done // 2, "the restart did not resume from the snapshots"
+
+
+def test_a_peer_that_never_starts_is_one_line_and_a_non_zero_exit_after_the_connect_timeout(
+    kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    cluster = Cluster(
+        kafka_settings, exported["bert"], tmp_path, "--cluster.connect-timeout-s", "4"
+    )
+    began = time.monotonic()
+    alone = cluster.start(1)
+    _, err = alone.communicate(timeout=60)
+    assert alone.returncode == 1
+    assert time.monotonic() - began < 30
+    only_one_liners(err)
+    peer = cluster.addresses[0]
+    assert err.strip().splitlines()[-1] == (
+        "kascade: the cluster did not form within 4 s (cluster.connect_timeout_s):"
+        f" process 0 ({peer}): not answering"
+    )
+    assert output_count(kafka_settings) == 0
+
+
+def test_a_job_resumes_on_fewer_processes_once_their_recovery_partitions_are_moved_together(
+    kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    first = many(60, prefix="a")
+    send(kafka_settings, first)
+    cluster = Cluster(kafka_settings, exported["bert"], tmp_path)
+    for p in [cluster.start(i, "--bounded") for i in (0, 1)]:
+        _, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    assert sorted(output_ids(kafka_settings)) == sorted(d.id for d in first)
+
+    # As README says: every partition exactly once among the remaining processes' dirs.
+    for part in (tmp_path / "recovery-1").glob("part-1.sqlite3*"):
+        part.rename(tmp_path / "recovery-0" / part.name)
+    later = many(20, prefix="b")
+    send(kafka_settings, later)
+    alone = kascade_run(
+        kafka_settings,
+        exported["bert"],
+        "--bounded",
+        "--recovery-dir",
+        str(tmp_path / "recovery-0"),
+    )
+    _, err = alone.communicate(timeout=300)
+    assert alone.returncode == 0, err
+    ids = output_ids(kafka_settings)
+    assert sorted(ids) == sorted(d.id for d in first + later)  # each once: resumed, not reread
