@@ -57,6 +57,34 @@ class Parity(BaseModel):
     stage_chain_max_abs_diff: float
 
 
+# Beside a checkpoint: where its weights came from (a base the toolchain converted) and,
+# once ``kascade train`` fine-tuned it, how (:class:`Provenance`).
+BASE_FILE = "kascade-base.json"
+PROVENANCE_FILE = "kascade-provenance.json"
+
+
+class BaseModelRef(BaseModel):
+    """A pretrained model, named so that someone else can fetch the same weights."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Hub id, package, or local directory.")
+    version: str = Field(description="Hub commit, package version and file hash, or digest.")
+
+
+class Provenance(BaseModel):
+    """How a fine-tuned checkpoint was made: enough to make it again."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base: BaseModelRef
+    training_data_sha256: str = Field(description="sha256 of the (text, label) pairs.")
+    training_examples: int = Field(ge=0)
+    dev_data_sha256: str | None = None
+    recipe: dict[str, Any] = Field(description="The training settings (kascade train).")
+    tools: dict[str, str] = Field(description="Versions of kascade, torch, transformers.")
+
+
 class ModelManifest(BaseModel):
     """Everything needed to trust and reproduce a model directory."""
 
@@ -81,6 +109,9 @@ class ModelManifest(BaseModel):
     )
     parent_sha256: str | None = Field(
         default=None, description="Manifest digest of the directory this one was derived from."
+    )
+    provenance: Provenance | None = Field(
+        default=None, description="How the checkpoint was trained, where kascade trained it."
     )
 
     @field_validator("labels")

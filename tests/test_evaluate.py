@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers import kascade_cli
 from kascade.schemas.manifest import read_manifest
 from kascade.toolchain import ToolchainError
 from kascade.toolchain.data import Examples, read_examples
@@ -64,6 +65,7 @@ def test_training_writes_a_checkpoint_that_exports(
     checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
     from kascade.toolchain.export import export_checkpoint
+    from kascade.toolchain.provenance import examples_sha256
     from kascade.toolchain.train import TrainConfig, train
     from tiny_models import tiny_bert
 
@@ -84,3 +86,38 @@ def test_training_writes_a_checkpoint_that_exports(
         str(tmp_path / "ft"), tmp_path / "onnx", cascade_layer=1, max_length=64
     )
     assert manifest.labels == sorted(set(labels))
+    # The manifest says how to make the model again, not just which directory it came from.
+    made = manifest.provenance
+    assert made is not None
+    assert made.base.name == str(base.resolve()) and made.base.version.startswith("sha256:")
+    assert made.training_examples == len(texts)
+    assert made.training_data_sha256 == examples_sha256(Examples(texts, labels))
+    assert made.dev_data_sha256 == examples_sha256(Examples(CORPUS, labels[:13]))
+    assert made.recipe["epochs"] == 2 and made.recipe["max_length"] == 32
+    assert made.tools["torch"] != "not installed"
+
+
+def test_kascade_train_prints_its_epochs_and_nothing_a_user_cannot_act_on(tmp_path: Path) -> None:
+    from tiny_models import tiny_bert
+
+    base = tiny_bert(tmp_path / "base", head=False)
+    data = tmp_path / "train.tsv"
+    rows = [f"{t}\t{LABELS[i % 3]}" for i, t in enumerate(CORPUS * 2)]
+    data.write_text("text\tlabel\n" + "\n".join(rows) + "\n")
+    r = kascade_cli(
+        "train",
+        "--model",
+        str(base),
+        "--data",
+        str(data),
+        "--out",
+        str(tmp_path / "ft"),
+        "--epochs",
+        "1",
+        timeout=300,
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == ""  # no load reports, progress bars or framework warnings
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].startswith("epoch 1: train loss ")
+    assert lines[1:] == [f"wrote {tmp_path / 'ft'} (3 labels)"]

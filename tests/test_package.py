@@ -26,7 +26,8 @@ TOOLCHAIN_ONLY = ("torch", "transformers", "sklearn", "scipy", "onnx", "onnxscri
 
 
 @pytest.fixture(scope="session")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def wheel_build(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """The wheel, and what its build printed (as a user running pip sees it)."""
     out = tmp_path_factory.mktemp("wheel")
     # From a clean copy: setuptools builds in ./build, where files of an earlier layout
     # would otherwise ride along into the wheel.
@@ -36,14 +37,26 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
         src,
         ignore=shutil.ignore_patterns(".git", ".venv", ".cache", "build", "runs", "*.egg-info"),
     )
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
+    r = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-w", str(out), str(src)],
         check=True,
         capture_output=True,
+        text=True,
         timeout=600,
     )
     (built,) = out.glob("kascade-*.whl")
-    return built
+    return built, r.stdout + r.stderr
+
+
+@pytest.fixture(scope="session")
+def wheel(wheel_build: tuple[Path, str]) -> Path:
+    return wheel_build[0]
+
+
+def test_building_the_package_prints_no_warning(wheel_build: tuple[Path, str]) -> None:
+    _, log = wheel_build
+    warnings = [line for line in log.splitlines() if "warning" in line.lower()]
+    assert not warnings, "\n".join(warnings)
 
 
 @pytest.fixture(scope="session")
@@ -167,12 +180,12 @@ def test_the_image_command_classifies_documents_and_answers_its_health_check(
     assert all(r.label is not None for r in labels)
 
 
-def test_compose_runs_broker_topics_model_pipeline_and_prometheus_on_one_volume() -> None:
+def test_compose_runs_broker_topics_model_pipeline_prometheus_and_grafana() -> None:
     import yaml
 
     compose = yaml.safe_load((ROOT / "docker" / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"kafka", "topics", "model", "kascade", "prometheus"}
+    assert set(services) == {"kafka", "topics", "model", "kascade", "prometheus", "grafana"}
     _, env, _ = image()
     pipeline = services["kascade"]
     assert pipeline["build"]["target"] == "runtime"
@@ -185,3 +198,24 @@ def test_compose_runs_broker_topics_model_pipeline_and_prometheus_on_one_volume(
     scrape = yaml.safe_load((ROOT / "docker" / "prometheus.yml").read_text())
     targets = scrape["scrape_configs"][0]["static_configs"][0]["targets"]
     assert targets == [f"kascade:{pipeline['environment']['KASCADE_METRICS_PORT']}"]
+    # Grafana gets compose's Prometheus under the uid the dashboard's queries name.
+    grafana = services["grafana"]
+    mounts = dict(v.rsplit(":", 1)[0].split(":", 1) for v in grafana["volumes"])
+    provisioning = (
+        ROOT
+        / "docker"
+        / mounts["./grafana/provisioning"].replace(
+            "/etc/grafana/provisioning", "grafana/provisioning"
+        )
+    )
+    (source,) = yaml.safe_load((provisioning / "datasources" / "prometheus.yaml").read_text())[
+        "datasources"
+    ]
+    assert source["url"] == "http://prometheus:9090" and source["type"] == "prometheus"
+    (provider,) = yaml.safe_load((provisioning / "dashboards" / "kascade.yaml").read_text())[
+        "providers"
+    ]
+    assert provider["options"]["path"] == mounts["./grafana/dashboards"]
+    board = json.loads((ROOT / "docker" / "grafana" / "dashboards" / "kascade.json").read_text())
+    uids = {p["datasource"]["uid"] for p in board["panels"] if p.get("type") != "row"}
+    assert uids == {source["uid"]}

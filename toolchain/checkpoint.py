@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -15,10 +16,23 @@ SUPPORTED = ("bert", "modernbert", "roberta", "xlm-roberta")
 @contextmanager
 def _loading(what: str) -> Iterator[None]:
     """Turn a Hugging Face loading failure into a one-line :class:`ToolchainError`."""
+    quiet_transformers()
     try:
         yield
     except (OSError, ValueError) as e:
         raise ToolchainError(f"cannot load {what}: {str(e).splitlines()[0]}") from None
+
+
+def quiet_transformers() -> None:
+    """Keep transformers' own reports (load reports that list the new head's weights as
+    missing, progress bars for loading and saving shards) out of the output unless the
+    user asked for INFO (``kascade -v``): none of them is something to act on here."""
+    if logging.getLogger().getEffectiveLevel() <= logging.INFO:
+        return
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
 
 
 def _config(source: str) -> Any:
@@ -60,8 +74,7 @@ def load_classifier(source: str, *, labels: list[str] | None = None):
                 f"{source} has no sequence-classification head; fine-tune it with kascade train"
             )
     else:
-        kwargs |= {
-            "num_labels": len(labels),
+        kwargs |= {  # the label count follows from id2label
             "id2label": dict(enumerate(labels)),
             "label2id": {label: i for i, label in enumerate(labels)},
             "ignore_mismatched_sizes": True,

@@ -33,7 +33,7 @@ EPSILONS = (0.05, 0.1, 0.2)
 # the mechanism rather than guaranteeing anything about other text.
 DOC_EPSILONS = (0.1, 0.2)
 DEMO_DOCUMENTS = 80
-RECIPE_VERSION = "6"  # 6: a certified document stop
+RECIPE_VERSION = "7"  # 6: a certified document stop; 7: provenance in the manifest
 
 
 def ensure_demo_model(cache: Path, train_file: Path, unlabeled_file: Path) -> Path:
@@ -83,7 +83,11 @@ def ensure_demo_model(cache: Path, train_file: Path, unlabeled_file: Path) -> Pa
         )
         step("exporting to ONNX (with a parity check)")
         export_checkpoint(
-            str(w / "checkpoint"), w / "fp32", cascade_layer=CASCADE_LAYER, max_length=512
+            str(w / "checkpoint"),
+            w / "fp32",
+            cascade_layer=CASCADE_LAYER,
+            max_length=512,
+            source_name=f"kascade demo model, recipe {RECIPE_VERSION}",
         )
         step(f"quantizing ({PRESET})")
         quantize_dir(w / "fp32", w / "model", PRESETS[PRESET])

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 from kascade.operators.encoder import Encoder, load_model_dir
-from kascade.schemas.manifest import FULL_GRAPH, ModelManifest, Parity
+from kascade.schemas.manifest import FULL_GRAPH, ModelManifest, Parity, Provenance
 from kascade.toolchain import ToolchainError
 from kascade.toolchain.checkpoint import labels_of, load_classifier, tokenizer_json
 from kascade.toolchain.graphs import (
@@ -28,6 +28,7 @@ from kascade.toolchain.graphs import (
     staged_directory,
     write_labels,
 )
+from kascade.toolchain.provenance import read_provenance
 
 log = logging.getLogger(__name__)
 
@@ -133,6 +134,7 @@ def export_model(
     tokenizer_from: str,
     cascade_layer: int,
     max_length: int,
+    provenance: Provenance | None = None,
 ) -> ModelManifest:
     """Export ``model`` into the new directory ``out`` (written atomically)."""
     config = model.config
@@ -161,6 +163,7 @@ def export_model(
             cascade_layer=cascade_layer,
             pad_token_id=config.pad_token_id if config.pad_token_id is not None else 0,
             files={},
+            provenance=provenance,
         )
         manifest = finish(tmp, manifest)
         result = parity(model, tmp, max_length=max_length)
@@ -175,18 +178,25 @@ def export_model(
 
 
 def export_checkpoint(
-    source: str, out: Path, *, cascade_layer: int, max_length: int | None
+    source: str,
+    out: Path,
+    *,
+    cascade_layer: int,
+    max_length: int | None,
+    source_name: str | None = None,
 ) -> ModelManifest:
-    """Export a fine-tuned checkpoint (local directory or hub id)."""
+    """Export a fine-tuned checkpoint (local directory or hub id); ``source_name`` names
+    it in the manifest where its path means nothing later (a build directory)."""
     model = load_classifier(source)
     positions = getattr(model.config, "max_position_embeddings", 512)
     return export_model(
         model,
         out,
-        source=source,
+        source=source_name or source,
         tokenizer_from=source,
         cascade_layer=cascade_layer,
         max_length=max_length or positions,
+        provenance=read_provenance(source),
     )
 
 

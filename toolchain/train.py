@@ -1,7 +1,8 @@
 """Fine-tune a Hugging Face encoder for sequence classification on CPU, seeded.
 
-Writes an HF checkpoint directory (weights, config with the label map, tokenizer) that
-``kascade export`` takes. Reports dev macro-F1 after every epoch and keeps the best epoch.
+Writes an HF checkpoint directory (weights, config with the label map, tokenizer, and
+its provenance: base model and version, data hash, recipe) that ``kascade export``
+takes. Reports dev macro-F1 after every epoch and keeps the best epoch.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from kascade.toolchain.checkpoint import load_classifier
 from kascade.toolchain.data import Examples
 from kascade.toolchain.evaluate import macro_f1
 from kascade.toolchain.graphs import staged_directory
+from kascade.toolchain.provenance import base_of, write_provenance
 from kascade.toolchain.train_config import TrainConfig
 
 log = logging.getLogger(__name__)
@@ -70,6 +72,7 @@ def train(
     )
     label_id = {label: i for i, label in enumerate(labels)}
     model = load_classifier(base, labels=labels)
+    base_ref = base_of(base, model)
     tokenizer = AutoTokenizer.from_pretrained(base)
     y = torch.tensor([label_id[label] for label in train_data.labels])
     steps_per_epoch = (len(train_data) + config.batch_size - 1) // config.batch_size
@@ -84,7 +87,12 @@ def train(
     for epoch in range(1, config.epochs + 1):
         model.train()
         order = torch.randperm(len(train_data), generator=generator).tolist()
-        bar = tqdm(range(0, len(order), config.batch_size), desc=f"epoch {epoch}", leave=False)
+        bar = tqdm(
+            range(0, len(order), config.batch_size),
+            desc=f"epoch {epoch}",
+            leave=False,
+            disable=None,  # a progress bar on a terminal only, not in a log
+        )
         losses = []
         for start in bar:
             idx = order[start : start + config.batch_size]
@@ -101,7 +109,7 @@ def train(
             optimizer.step()
             schedule.step()
             optimizer.zero_grad()
-            losses.append(float(loss))
+            losses.append(loss.item())
             bar.set_postfix(loss=f"{np.mean(losses[-20:]):.3f}")
         entry = {"epoch": epoch, "train_loss": float(np.mean(losses))}
         if dev_data is not None and dev_data.labels is not None:
@@ -122,6 +130,7 @@ def train(
         model.eval()
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        write_provenance(tmp, base_ref, train_data, dev_data, config)
     return {
         "labels": labels,
         "history": history,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from confluent_kafka import Producer
@@ -108,8 +109,13 @@ def _read(rec: OutputRecord) -> str:
     return f"{rec.reading.chunks_read}{stop}"
 
 
+NOT_A_TERMINAL_WIDTH = 160
+
+
 def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path | None) -> int:
-    console = Console()
+    # Piped into a file or a CI log, rich would fit the tables to 80 columns and wrap
+    # every row over several lines; there, one row stays one line.
+    console = Console() if sys.stdout.isatty() else Console(width=NOT_A_TERMINAL_WIDTH)
     model_dir = model_dir or demo_model()
     broker = None
     if brokers is None:
