@@ -24,6 +24,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 
 import bytewax.operators as op
@@ -196,6 +197,13 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
     audit_fraction: float = 0.0
     state: CascadeState | None = None
     stop: StopRule | None = None  # None: read every chunk
+    # Chunks read per turn (None: every chunk that is ready). A document's chunks arrive
+    # together; reading them all at once makes every document behind it on this worker
+    # wait for all of them. With turns, a document reads ``turn`` chunks, then the
+    # others' turns come (Bytewax calls ``on_notify`` once per activation) before its
+    # next: short documents pass long ones.
+    turn: int | None = None
+    _budget: int | None = field(default=None, init=False, repr=False)
 
     def on_item(self, value: ChunkTask) -> tuple[list[Out], bool]:
         if self.state is None:
@@ -206,16 +214,50 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
         if not s.decided and value.index not in s.tasks:  # a replay is not read twice
             s.tasks[value.index] = value
             out = self._read_on(s)
+        return out, self._keep(s)
+
+    def on_notify(self) -> tuple[list[Out], bool]:
+        assert self.state is not None
+        self._budget = self.turn  # the next turn
+        return self._read_on(self.state), self._keep(self.state)
+
+    def on_eof(self) -> tuple[list[Out], bool]:
+        # This execution ends (end of input, or a drain): no turn comes after this one.
+        s = self.state
+        if s is None or s.decided:
+            return [], StatefulLogic.RETAIN
+        self.turn = None
+        return self._read_on(s), self._keep(s)
+
+    def notify_at(self) -> datetime | None:
+        s = self.state
+        if self.turn is None or s is None or s.decided or s.read not in s.tasks:
+            return None
+        return datetime.now(UTC)  # at once, after the other documents' turns
+
+    @staticmethod
+    def _keep(s: CascadeState) -> bool:
         if s.decided and len(s.arrived) >= s.meta.total_chunks:
-            return out, StatefulLogic.DISCARD
-        return out, StatefulLogic.RETAIN
+            return StatefulLogic.DISCARD
+        return StatefulLogic.RETAIN
+
+    def _may_read(self) -> bool:
+        if self.turn is None:
+            return True
+        if self._budget is None:  # a new document's first turn
+            self._budget = self.turn
+        if self._budget <= 0:
+            return False
+        self._budget -= 1
+        return True
 
     def _read_on(self, s: CascadeState) -> list[Out]:
-        """Read every chunk that is next in order; the document's results once decided."""
+        """Read the chunks that are next in order (as many as this turn allows); the
+        document's results once decided."""
         text_chunks = (
             s.meta.text_chunks if s.meta.text_chunks is not None else (s.meta.total_chunks)
         )
-        while s.read in s.tasks:
+        while s.read in s.tasks and self._may_read():
             task = s.tasks[s.read]
             try:
                 with inflight.inside(task.doc.source, "cascade"):
@@ -352,7 +394,8 @@ def cascade(
         cheap = _worker_cascade(
             str(model_dir), threads, settings.operating_point, settings.audit_fraction
         )
-        return CascadeLogic(cheap, strategy, settings.audit_fraction, resume, stop)
+        turn = settings.chunks_per_turn or None
+        return CascadeLogic(cheap, strategy, settings.audit_fraction, resume, stop, turn)
 
     keyed = op.key_on("by_document", up, lambda t: t.doc.id)
     decided = op.key_rm("unkey", op.stateful("stages", keyed, build))

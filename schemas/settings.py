@@ -186,6 +186,13 @@ class CascadeSettings(BaseModel):
         " certified document stop knows the label (needs kascade calibrate --documents);"
         " auto: certified when the model's cascade.json has a document stop.",
     )
+    chunks_per_turn: int = Field(
+        default=1,
+        ge=0,
+        le=10_000,
+        description="Chunks of one document read before the other documents on the worker"
+        " get their turn, so short documents pass long ones (0: all at once).",
+    )
     if_uncertified: Literal["refuse", "full_model"] = Field(
         default="refuse",
         description="When cascade.json was certified on other chunking or another tokenizer:"

@@ -196,3 +196,72 @@ def test_a_head_never_predicts_a_label_it_was_not_fitted_on() -> None:
     x, y = _blobs(300, separation=12.0, seed=5)
     fitted = fit_head(x, y, 5, "hidden", seed=0)  # labels 3 and 4 never occur
     assert set(Head.of(fitted.weights).probs(x).argmax(axis=1)) <= {0, 1, 2}
+
+
+def doc(name: str, chunks: int) -> list[ChunkTask]:
+    meta = DocMeta(id=name, total_chunks=chunks, lang=None, metadata=None, timestamp_ms=None)
+    return [ChunkTask(meta, i, np.arange(100), 100) for i in range(chunks)]
+
+
+class Settled:
+    """Every chunk settled by S0, in the order they were read."""
+
+    def __init__(self) -> None:
+        self.read: list[tuple[str, int]] = []
+
+    def __call__(self, t: ChunkTask) -> Verdict:
+        self.read.append((t.doc.id, t.index))
+        return Verdict("s0", p(0.9, 0.1))
+
+
+def activations(logics: dict[str, CascadeLogic], arrivals: list[ChunkTask]) -> list[str]:
+    """Bytewax's order: a batch of items, then one on_notify per document that asked for
+    one, then the next activation's notifications. The documents in decided order."""
+    decided = []
+    for t in arrivals:
+        out, _ = logics[t.doc.id].on_item(t)
+        decided += [t.doc.id] if out else []
+    while due := [k for k, lg in logics.items() if lg.notify_at() is not None]:
+        for k in due:
+            out, _ = logics[k].on_notify()
+            decided += [k] if out else []
+    return decided
+
+
+def test_with_turns_a_short_document_is_read_before_the_long_one_ahead_of_it_finishes() -> None:
+    stages = Settled()
+    long, short = doc("long", 16), doc("short", 1)
+    logics = {d: CascadeLogic(stages, TM, turn=1) for d in ("long", "short")}
+    assert activations(logics, long + short) == ["short", "long"]
+    assert stages.read[:2] == [("long", 0), ("short", 0)]  # one turn each, then the rest
+    assert len(stages.read) == 17
+
+    # Without turns the long document is read through on arrival, as before.
+    stages = Settled()
+    logics = {d: CascadeLogic(stages, TM) for d in ("long", "short")}
+    assert activations(logics, long + short) == ["long", "short"]
+    assert all(lg.notify_at() is None for lg in logics.values())
+
+
+def test_turns_change_when_chunks_are_read_never_what_a_document_gets() -> None:
+    one_by_one = CascadeLogic(Settled(), TM, turn=1)
+    at_once = CascadeLogic(Settled(), TM)
+    chunks = doc("d", 5)
+    outs = [], []
+    for t in chunks:
+        outs[0].extend(one_by_one.on_item(t)[0])
+        outs[1].extend(at_once.on_item(t)[0])
+    while one_by_one.notify_at() is not None:
+        outs[0].extend(one_by_one.on_notify()[0])
+    assert [(r.index, r.stage) for r in outs[0]] == [(r.index, r.stage) for r in outs[1]]
+
+
+def test_at_the_end_of_the_input_every_waiting_chunk_is_read_at_once() -> None:
+    stages = Settled()
+    logic = CascadeLogic(stages, TM, turn=1)
+    for t in doc("d", 4):
+        logic.on_item(t)
+    assert len(stages.read) == 1 and logic.notify_at() is not None
+    out, discard = logic.on_eof()  # a drain or the end of a bounded run: no more turns
+    assert len(stages.read) == 4 and len(out) == 4
+    assert discard is CascadeLogic.DISCARD
