@@ -12,12 +12,13 @@ import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError
 from bytewax.dataflow import Dataflow, Stream
 from kascade.dataflow.kafka_io import DeliveryCheckedSink, source
-from kascade.operators import metrics
+from kascade.operators import guarantee, metrics
 from kascade.operators.cascade import Cascade, cascade
 from kascade.operators.chunking import chunk
 from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.formats import Reader, Writer
 from kascade.operators.full_model import classify
+from kascade.operators.guarantee import Guard, Watch
 from kascade.operators.items import ChunkResult
 from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
@@ -155,6 +156,18 @@ def _record_audit(_step: str, result: ChunkResult) -> None:
     if result.probs is not None:
         agree = int(result.probs.argmax()) == result.audit_of
         metrics.AUDITS.labels(str(agree).lower()).inc()
+        guarantee.audit(agree, result.doc.lang)
+
+
+def watch_the_bound(settings: Settings, model: Loaded) -> None:
+    """This process's live test of the certified bound on the audits it runs. Audits
+    are spread over every worker process; each tests its own share at delta / processes,
+    so a false alarm anywhere in the job stays at most delta."""
+    c = settings.cascade
+    point = Cascade.load(model.directory, model.manifest_sha256, c.operating_point).point
+    processes = len(settings.hosts) if settings.hosts is not None else settings.workers
+    watch = Watch(point.epsilon, point.delta / processes)
+    guarantee.install(Guard(watch, suspend=c.on_violation == "full_model"))
 
 
 def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
@@ -182,7 +195,9 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
         cut_at_limit=stop is not None,
     )
     late_dead = []
+    guarantee.install(None)
     if use is CascadeUse.ON:
+        watch_the_bound(settings, model)
         cheap = cascade(
             "cascade",
             chunked.chunks,

@@ -31,7 +31,7 @@ import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
-from kascade.operators import inflight, metrics
+from kascade.operators import guarantee, inflight, metrics
 from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.encoder import Encoder, softmax
 from kascade.operators.full_model import worker_encoder
@@ -259,12 +259,13 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
         )
         while s.read in s.tasks and self._may_read():
             task = s.tasks[s.read]
-            try:
-                with inflight.inside(task.doc.source, "cascade"):
-                    verdict = self.cheap(task)
-            except Exception:  # the cheap stages are an optimisation: the full model decides
-                metrics.CHEAP_FAILURES.inc()
+            if guarantee.suspended():
+                # The live test rejected the bound: the full model decides every chunk.
+                task = dataclasses.replace(task, doc=dataclasses.replace(task.doc, suspended=True))
+                s.tasks[s.read] = task
                 verdict = Verdict("uncertain", None)
+            else:
+                verdict = self._cheap(task)
             if verdict.stage != "uncertain":
                 metrics.CHUNKS_SETTLED.labels(verdict.stage).inc()
             s.verdicts[task.index] = verdict
@@ -276,6 +277,14 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
                 over = s.tasks[0].doc.over_limit
                 return [over] if over is not None else self._decide(s)
         return []
+
+    def _cheap(self, task: ChunkTask) -> Verdict:
+        try:
+            with inflight.inside(task.doc.source, "cascade"):
+                return self.cheap(task)
+        except Exception:  # the cheap stages are an optimisation: the full model decides
+            metrics.CHEAP_FAILURES.inc()
+            return Verdict("uncertain", None)
 
     def _certain(self, s: CascadeState) -> bool:
         assert self.stop is not None

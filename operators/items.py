@@ -48,6 +48,8 @@ class DocMeta:
     over_limit: DeadLetter | None = None
     # Set by a certified stop, on every chunk it lets through: how much was read.
     reading: Reading | None = None
+    # Read while the live test had suspended the cheap stages (operators.guarantee).
+    suspended: bool = False
 
     @property
     def chunks_expected(self) -> int:

@@ -34,6 +34,12 @@ TOKENS = Counter(
     ["reading"],
 )
 AUDITS = Counter("kascade_audits_total", "Settled chunks re-checked by the full model", ["agree"])
+GUARANTEE = Gauge(
+    "kascade_cascade_guarantee",
+    "1 for the state the live test of the certified bound is in (holding, violated), per"
+    " language and for all audits (lang=all)",
+    ["lang", "state"],
+)
 RESTARTS = Gauge(
     "kascade_worker_restarts",
     "Times the supervisor restarted this run's worker processes from the last snapshot",

@@ -146,7 +146,7 @@ def label_document(
         latency_ms=latency,
         degraded=bool(reasons),
         reasons=reasons,
-        cascade=labeling.cascade,
+        cascade=CascadeUse.SUSPENDED if any(r.doc.suspended for r in results) else labeling.cascade,
         reading=reading,
         lang=meta.lang,
         metadata=meta.metadata,

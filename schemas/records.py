@@ -133,6 +133,9 @@ class CascadeUse(StrEnum):
     # The model's cascade.json was certified on other chunking or another tokenizer, and
     # the run was told to go on without it (cascade.if_uncertified = "full_model").
     UNCERTIFIED = "uncertified"
+    # The live test of the certified bound on the audits rejected it (cascade.on_violation
+    # = "full_model"): this document's chunks went to the full model.
+    SUSPENDED = "suspended"
 
 
 class OutputRecord(BaseModel):

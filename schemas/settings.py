@@ -186,6 +186,12 @@ class CascadeSettings(BaseModel):
         " certified document stop knows the label (needs kascade calibrate --documents);"
         " auto: certified when the model's cascade.json has a document stop.",
     )
+    on_violation: Literal["full_model", "alert"] = Field(
+        default="full_model",
+        description="When the live test of the audits rejects the certified bound: send"
+        " every chunk to the full model from then on (output records say"
+        ' cascade="suspended"), or only say so (log line, kascade_cascade_guarantee).',
+    )
     chunks_per_turn: int = Field(
         default=1,
         ge=0,

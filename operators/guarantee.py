@@ -1,0 +1,199 @@
+"""The certified bound, checked while the job runs: a sequential test on the audits.
+
+Every audited chunk (a settled chunk the full model also classified) is a Bernoulli
+draw: the cheap stages disagreed with the full model, or not. The calibration certified
+that the rate is at most epsilon. :class:`BoundTest` tests that claim with a mixture of
+likelihood ratios, one per alternative rate above epsilon (1.5x to 10x):
+
+    E_n = mean_j  prod_i (q_j / eps)^x_i ((1 - q_j) / (1 - eps))^(1 - x_i)
+
+Under any rate <= epsilon each product is a nonnegative supermartingale (a draw's
+expected factor is p q_j / eps + (1 - p)(1 - q_j)/(1 - eps) <= 1, rising in p to 1 at
+p = eps), so their mean is too, and by Ville's inequality E_n ever reaching 1/delta has
+probability at most delta: the test is valid however long the job runs and however often
+it is looked at (an anytime-valid e-process; a fixed-sample test would not be). Under a
+rate of 3 x epsilon it reaches 1/delta after about ln(n_alternatives / delta) / KL audits
+(~180 at epsilon 0.02, delta 0.05).
+
+>>> t = BoundTest(epsilon=0.02, delta=0.05)
+>>> any(t.observe(False) for _ in range(10_000))  # a stream that always agrees
+False
+>>> t = BoundTest(epsilon=0.02, delta=0.05)
+>>> fired = [t.observe(i % 10 == 0) for i in range(1000)]  # 10% disagree: 5 x epsilon
+>>> fired.index(True) < 200, t.fired_at is not None
+(True, True)
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+from kascade.operators import metrics
+
+log = logging.getLogger(__name__)
+
+# Alternatives the mixture bets on, as multiples of epsilon: a small drift is detected
+# later, a large one sooner; equal weights.
+MULTIPLES = (1.5, 2.0, 3.0, 5.0, 10.0)
+
+
+@dataclass
+class BoundTest:
+    """H0: the cheap stages disagree with the full model on at most ``epsilon`` of the
+    settled chunks; fires (once) when H0 is rejected at level ``delta``."""
+
+    epsilon: float
+    delta: float
+    audits: int = 0
+    disagreements: int = 0
+    fired_at: int | None = None  # the audit count when it fired
+    _log_lr: list[float] = field(default_factory=list, repr=False)
+    _alternatives: list[float] = field(default_factory=list, repr=False)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.epsilon < 1 or not 0 < self.delta < 1:
+            raise ValueError("epsilon and delta must be in (0, 1)")
+        self._alternatives = sorted({min(m * self.epsilon, 0.999) for m in MULTIPLES})
+        self._alternatives = [q for q in self._alternatives if q > self.epsilon]
+        self._log_lr = [0.0] * len(self._alternatives)
+
+    def observe(self, disagree: bool) -> bool:
+        """Count one audit; True only on the audit at which the test fires."""
+        self.audits += 1
+        self.disagreements += disagree
+        for j, q in enumerate(self._alternatives):
+            if disagree:
+                self._log_lr[j] += math.log(q / self.epsilon)
+            else:
+                self._log_lr[j] += math.log((1 - q) / (1 - self.epsilon))
+        if self.fired_at is None and self.log_evidence() >= math.log(1 / self.delta):
+            self.fired_at = self.audits
+            return True
+        return False
+
+    def log_evidence(self) -> float:
+        """log E_n, the mixture's log likelihood ratio (>= log(1/delta): rejected)."""
+        top = max(self._log_lr)
+        mean = sum(math.exp(v - top) for v in self._log_lr) / len(self._log_lr)
+        return top + math.log(mean)
+
+    @property
+    def rate(self) -> float:
+        return self.disagreements / self.audits if self.audits else 0.0
+
+    @property
+    def violated(self) -> bool:
+        return self.fired_at is not None
+
+
+@dataclass
+class Watch:
+    """The bound watched over all audits and per language (a drift in one language is
+    named even while the others hide it in the total).
+
+    The overall test gets half of ``delta``; the languages share the other half, the
+    i-th language seen getting delta / 2^(i+2), so the chance of any false alarm stays
+    at most ``delta`` however many languages the stream brings.
+    """
+
+    epsilon: float
+    delta: float
+    overall: BoundTest = field(init=False)
+    languages: dict[str, BoundTest] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.overall = BoundTest(self.epsilon, self.delta / 2)
+
+    def observe(self, disagree: bool, lang: str | None) -> BoundTest | None:
+        """Count one audit; the test that fired on it, if one did (overall first)."""
+        fired = None
+        if self.overall.observe(disagree):
+            fired = self.overall
+        if lang is not None:
+            test = self.languages.get(lang)
+            if test is None:
+                share = self.delta / 2 ** (len(self.languages) + 2)
+                test = self.languages[lang] = BoundTest(self.epsilon, share)
+            if test.observe(disagree) and fired is None:
+                fired = test
+        return fired
+
+    @property
+    def violated(self) -> bool:
+        return self.overall.violated or any(t.violated for t in self.languages.values())
+
+
+@dataclass
+class Guard:
+    """This process's watch over the bound, and what a violation does: one line, the
+    gauge, and (``suspend``) every chunk to the full model from then on. The job never
+    stops for it and no record is lost."""
+
+    watch: Watch
+    suspend: bool
+    suspended: bool = False
+    _said: bool = field(default=False, repr=False)
+
+    def _worst(self) -> str:
+        """The language disagreeing most, where the stream says which."""
+        if not self.watch.languages:
+            return ""
+        lang, t = max(self.watch.languages.items(), key=lambda kv: kv[1].rate)
+        return f" (most on language {lang}: {100 * t.rate:.1f}% of {t.audits})"
+
+    def audit(self, agree: bool, lang: str | None) -> None:
+        fired = self.watch.observe(not agree, lang)
+        self._gauge("all", self.watch.overall)
+        if lang is not None:
+            self._gauge(lang, self.watch.languages[lang])
+        if fired is None or self._said:
+            return  # one line per job: later alarms (another language) show in the gauge
+        self._said = True
+        where = f" on language {lang}" if fired is not self.watch.overall else self._worst()
+        then = (
+            "every chunk goes to the full model from now on (cascade.on_violation)"
+            if self.suspend
+            else "the cascade goes on (cascade.on_violation = alert)"
+        )
+        log.error(
+            "cascade guarantee violated%s: the cheap stages disagreed with the full model"
+            " on %.1f%% of %d audited chunks, above the certified epsilon %.1f%% (confidence"
+            " %g%%); %s; recalibrate on a sample of this stream (kascade sample)",
+            where,
+            100 * fired.rate,
+            fired.audits,
+            100 * self.watch.epsilon,
+            100 * (1 - self.watch.delta),
+            then,
+        )
+        if self.suspend:
+            self.suspended = True
+
+    @staticmethod
+    def _gauge(lang: str, test: BoundTest) -> None:
+        state = "violated" if test.violated else "holding"
+        for s in ("holding", "violated"):
+            metrics.GUARANTEE.labels(lang, s).set(1.0 if s == state else 0.0)
+
+
+_guard: Guard | None = None
+
+
+def install(guard: Guard | None) -> None:
+    """The guard of this process's flow (None: no cascade, nothing to watch)."""
+    global _guard
+    _guard = guard
+    if guard is not None:
+        Guard._gauge("all", guard.watch.overall)
+
+
+def audit(agree: bool, lang: str | None) -> None:
+    if _guard is not None:
+        _guard.audit(agree, lang)
+
+
+def suspended() -> bool:
+    """Whether this process's cheap stages are suspended by a violation."""
+    return _guard is not None and _guard.suspended

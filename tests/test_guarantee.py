@@ -1,0 +1,118 @@
+"""The live test of the certified bound: valid however long it runs and however often it
+is looked at, quick above the bound, named per language; and what a violation does to
+the cascade (every chunk to the full model, records marked) and to the gauge."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+import numpy as np
+import pytest
+from kascade.operators import guarantee, metrics
+from kascade.operators.cascade import CascadeLogic, Verdict
+from kascade.operators.guarantee import BoundTest, Guard, Watch
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.operators.reduce import Labeling, label_document
+from kascade.schemas import Aggregation, CascadeUse, ModelIdentity
+
+
+def first_alarm(test: BoundTest, rate: float, audits: int, rng: random.Random) -> int | None:
+    """Feed a stream of ``audits`` draws, looking after every one (optional stopping)."""
+    for i in range(audits):
+        if test.observe(rng.random() < rate):
+            return i + 1
+    return None
+
+
+def test_at_the_bound_the_test_fires_on_at_most_delta_of_streams_however_long_it_watches() -> None:
+    rng = random.Random(7)
+    epsilon, delta, streams = 0.05, 0.2, 300
+    alarms = [first_alarm(BoundTest(epsilon, delta), epsilon, 2_000, rng) for _ in range(streams)]
+    fired = sum(a is not None for a in alarms)
+    assert fired / streams <= delta, fired  # Ville: P(ever) <= delta, not per look
+
+
+def test_below_the_bound_ten_thousand_audits_raise_no_alarm_on_any_of_twenty_streams() -> None:
+    rng = random.Random(3)
+    for _ in range(20):
+        assert first_alarm(BoundTest(0.02, 0.05), 0.01, 10_000, rng) is None
+
+
+def test_at_three_times_epsilon_the_test_fires_well_within_two_thousand_audits() -> None:
+    rng = random.Random(11)
+    alarms = [first_alarm(BoundTest(0.02, 0.05), 0.06, 2_000, rng) for _ in range(100)]
+    assert all(a is not None for a in alarms)
+    assert float(np.median(alarms)) < 300
+
+
+def test_a_drifting_language_is_named_even_while_the_total_holds() -> None:
+    rng = random.Random(5)
+    watch = Watch(epsilon=0.02, delta=0.05)
+    fired = None
+    for i in range(20_000):
+        lang = "sw" if i % 20 == 0 else "en"  # 5% of the stream, disagreeing on 20%
+        f = watch.observe(rng.random() < (0.2 if lang == "sw" else 0.005), lang)
+        fired = fired or f
+    assert fired is watch.languages["sw"]
+    assert not watch.languages["en"].violated
+
+
+def test_a_violation_is_one_line_sets_the_gauge_and_suspends_the_cheap_stages(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    guard = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True)
+    guarantee.install(guard)
+    try:
+        with caplog.at_level(logging.ERROR, logger="kascade.operators.guarantee"):
+            for i in range(400):
+                guarantee.audit(agree=i % 5 != 0, lang="de")  # 20% disagree
+        assert guarantee.suspended()
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert line.startswith("cascade guarantee violated (most on language de: ")
+        assert "above the certified epsilon 2.0%" in line
+        assert "every chunk goes to the full model from now on" in line
+        state = metrics.GUARANTEE.labels("all", "violated")._value.get()
+        assert state == 1.0 and metrics.GUARANTEE.labels("all", "holding")._value.get() == 0.0
+    finally:
+        guarantee.install(None)
+    assert not guarantee.suspended()
+
+
+def test_with_alert_only_the_cascade_goes_on_after_a_violation() -> None:
+    guard = Guard(Watch(epsilon=0.02, delta=0.05), suspend=False)
+    for i in range(400):
+        guard.audit(agree=i % 5 != 0, lang=None)
+    assert guard.watch.violated and not guard.suspended
+
+
+def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_says_so() -> None:
+    meta = DocMeta(id="d", total_chunks=2, lang="en", metadata=None, timestamp_ms=None)
+    calls = []
+
+    def cheap(t: ChunkTask) -> Verdict:
+        calls.append(t.index)
+        return Verdict("s0", np.array([0.9, 0.1]))
+
+    guard = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, suspended=True)
+    guarantee.install(guard)
+    try:
+        logic = CascadeLogic(cheap, Aggregation.TOKEN_MEAN)
+        out = []
+        for i in range(2):
+            out += logic.on_item(ChunkTask(meta, i, np.arange(10), 10))[0]
+    finally:
+        guarantee.install(None)
+    assert calls == []  # not even S0
+    assert all(isinstance(e, Escalation) and e.task.doc.suspended for e in out)
+    results = [
+        ChunkResult(e.task.doc, e.task.index, 10, np.array([0.2, 0.8]), stage="full") for e in out
+    ]
+    labeling = Labeling(
+        labels=["a", "b"],
+        aggregation=Aggregation.TOKEN_MEAN,
+        model=ModelIdentity(name="x", variant="fp32", manifest_sha256="0" * 64),
+        cascade=CascadeUse.ON,
+    )
+    record = label_document(meta, results, labeling, now_ms=0)
+    assert record.cascade is CascadeUse.SUSPENDED and record.chunks.full_model == 2

@@ -1,0 +1,139 @@
+"""The live guarantee through the real broker: a stream that shifts mid-run from text
+the cheap stages get right to text they get wrong. The job says so in one line, sets
+the gauge, sends every later chunk to the full model and marks those records, and loses
+no record."""
+
+from __future__ import annotations
+
+import random
+import signal
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import SMALL_CHUNKS, kascade_run, output_ids, produce, texts
+from kascade.dataflow.consume import read_all
+from kascade.dataflow.local_broker import free_port
+from kascade.operators.cascade import Cascade, cheap_stages
+from kascade.operators.chunking import chunk_text
+from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.operators.items import ChunkTask, DocMeta
+from kascade.schemas import CascadeUse, InputDocument, OutputRecord
+from kascade.schemas.settings import KafkaSettings
+from tiny_models import CORPUS
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
+
+
+def by_agreement(model_dir: Path, candidates: list[str]) -> tuple[list[str], list[str]]:
+    """One-chunk texts the cheap stages settle, split by whether the full model agrees."""
+    model = load_model_dir(model_dir)
+    encoder = Encoder(model, graphs="stages")
+    cheap = cheap_stages(encoder, Cascade.load(model_dir, model.manifest_sha256), 0.0)
+    agree, disagree = [], []
+    for text in candidates:
+        chunks = chunk_text(
+            text,
+            model.tokenizer,
+            max_tokens=SMALL_CHUNKS.max_tokens,
+            overlap=SMALL_CHUNKS.overlap,
+            max_chunks=SMALL_CHUNKS.max_chunks,
+        )
+        if len(chunks) != 1:
+            continue
+        c = chunks[0]
+        meta = DocMeta(id="x", total_chunks=1, lang=None, metadata=None, timestamp_ms=None)
+        verdict = cheap(ChunkTask(meta, 0, c.ids, c.n_tokens))
+        if verdict.stage == "uncertain":
+            continue
+        full = int(np.argmax(encoder.logits(c.ids)))
+        (agree if full == int(verdict.probs.argmax()) else disagree).append(text)
+    return agree, disagree
+
+
+def metric(port: int, sample: str) -> float | None:
+    """The value of one sample (name and labels as Prometheus prints them)."""
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for line in body.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == sample:
+            return float(value)
+    return None
+
+
+def word_salad(n: int) -> list[str]:
+    """Text unlike the calibration's: the corpus's words in random order."""
+    words = sorted({w for t in CORPUS for w in t.split()})
+    rng = random.Random(0)
+    return [" ".join(rng.choices(words, k=rng.randint(3, 12))) for _ in range(n)]
+
+
+def docs(prefix: str, pool: list[str], n: int) -> list[InputDocument]:
+    return [InputDocument(id=f"{prefix}-{i}", text=pool[i % len(pool)]) for i in range(n)]
+
+
+def send(k: KafkaSettings, batch: list[InputDocument]) -> None:
+    produce(k, [(d.id.encode(), d.model_dump_json().encode()) for d in batch])
+
+
+def wait_for(k: KafkaSettings, ids: set[str], job, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ids <= set(output_ids(k)):
+        assert job.poll() is None, job.communicate()[1]
+        assert time.monotonic() < deadline, "not every document was labeled"
+        time.sleep(0.5)
+
+
+def test_a_stream_that_drifts_mid_run_trips_the_guarantee_and_falls_back_losing_nothing(
+    kafka_settings: KafkaSettings, calibrated: Path
+) -> None:
+    agree, disagree = by_agreement(calibrated, texts(100) + word_salad(1500))
+    assert len(agree) >= 10 and len(disagree) >= 3, (len(agree), len(disagree))
+    port = free_port()
+    job = kascade_run(
+        kafka_settings,
+        calibrated,
+        "--cascade",
+        "on",
+        "--cascade.audit-fraction",
+        "1",
+        "--metrics-port",
+        str(port),
+    )  # tails
+    before, drift, after = docs("a", agree, 60), docs("d", disagree, 30), docs("b", agree, 40)
+    try:
+        send(kafka_settings, before)
+        wait_for(kafka_settings, {d.id for d in before}, job)
+        holding = 'kascade_cascade_guarantee{lang="all",state="holding"}'
+        assert metric(port, holding) == 1.0
+
+        send(kafka_settings, drift)
+        wait_for(kafka_settings, {d.id for d in drift}, job)
+        violated = 'kascade_cascade_guarantee{lang="all",state="violated"}'
+        assert metric(port, violated) == 1.0
+        send(kafka_settings, after)
+        wait_for(kafka_settings, {d.id for d in after}, job)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    alarms = [line for line in err.splitlines() if "cascade guarantee violated" in line]
+    assert len(alarms) == 1, err
+    assert "above the certified epsilon" in alarms[0]
+    assert "every chunk goes to the full model from now on" in alarms[0]
+
+    records = {
+        r.id: r
+        for r in (
+            OutputRecord.model_validate_json(v)
+            for _, v in read_all(kafka_settings, kafka_settings.output_topic)
+        )
+    }
+    assert set(records) == {d.id for d in before + drift + after}  # nothing lost
+    assert all(records[d.id].cascade is CascadeUse.ON for d in before)
+    for d in after:  # after the alarm: the full model on every chunk, and said so
+        r = records[d.id]
+        assert r.cascade is CascadeUse.SUSPENDED, r
+        assert r.chunks.full_model == r.chunks.total
