@@ -1,4 +1,4 @@
-"""``kascade run`` and ``kascade topics``: the streaming runtime's commands.
+"""``kascade run``, ``kascade topics`` and ``kascade sample``: the streaming runtime's commands.
 
 Their flags are generated from :class:`~kascade.schemas.settings.Settings` (one flag per
 setting, ``--kafka.brokers``, ``--chunking.max-tokens``, ...); the few written here are
@@ -30,7 +30,7 @@ SHORT_FLAGS = {
 }
 
 
-COMMANDS = ("run", "topics")
+COMMANDS = ("run", "topics", "sample")
 
 
 def expand_short_flags(argv: list[str]) -> list[str]:
@@ -98,6 +98,24 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_sample(args: argparse.Namespace) -> int:
+    from kascade.dataflow.sample import sample
+
+    if args.count < 1:
+        raise UsageError("--count must be at least 1")
+    settings = settings_of(args)
+    got = sample(settings, args.count, args.out)
+    langs = ", ".join(f"{lang} {n}" for lang, n in sorted(got.by_language.items()))
+    parts = ", ".join(f"{p}: {n}" for p, n in sorted(got.by_partition.items()))
+    skipped = sum(got.skipped.values())
+    print(
+        f"wrote {got.taken} texts to {args.out} (partitions {parts}"
+        + (f"; languages {langs}" if langs else "")
+        + f"; {skipped} of {got.read} records read skipped as dead letters)"
+    )
+    return 0
+
+
 def _with_settings(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", type=Path, help="TOML settings file (flags and env win)")
     p.set_defaults(settings_flags=add_settings_flags(p))
@@ -113,6 +131,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     _with_settings(p)
     p.set_defaults(func=_cmd_run)
+
+    p = sub.add_parser(
+        "sample",
+        help="draw calibration text from the input topic, read as kascade run reads it",
+        epilog=_short_forms_epilog(),
+    )
+    p.add_argument("--count", type=int, default=2000, help="texts to write (default 2000)")
+    p.add_argument("--out", type=Path, required=True, help="JSON lines file for calibrate")
+    _with_settings(p)
+    p.set_defaults(func=_cmd_sample)
 
     p = sub.add_parser(
         "topics",

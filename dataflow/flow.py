@@ -6,6 +6,7 @@ that receives the original bytes and the reason for anything the flow could not 
 
 from __future__ import annotations
 
+import hashlib
 import logging
 
 import bytewax.operators as op
@@ -71,9 +72,19 @@ def dead_letter_output(dead: Stream[DeadLetter], settings: Settings) -> None:
     )
 
 
-def model_identity(model: Loaded) -> ModelIdentity:
+def model_identity(model: Loaded, use: CascadeUse = CascadeUse.OFF) -> ModelIdentity:
+    """The model, and the calibration in force when the cascade runs (a new cascade.json
+    takes effect on the next start; its records say so)."""
     m = model.manifest
-    return ModelIdentity(name=m.source, variant=m.variant, manifest_sha256=model.manifest_sha256)
+    cascade = None
+    if use is CascadeUse.ON:
+        cascade = hashlib.sha256((model.directory / CASCADE_FILE).read_bytes()).hexdigest()
+    return ModelIdentity(
+        name=m.source,
+        variant=m.variant,
+        manifest_sha256=model.manifest_sha256,
+        cascade_sha256=cascade,
+    )
 
 
 def cascade_use(settings: Settings, model: Loaded) -> CascadeUse:
@@ -182,7 +193,7 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
     labeling = Labeling(
         labels=model.manifest.labels,
         aggregation=settings.aggregation,
-        model=model_identity(model),
+        model=model_identity(model, use),
         cascade=use,
     )
     flow = Dataflow("kascade")

@@ -8,7 +8,7 @@ pydantic has already resolved.
 >>> from kascade.schemas.records import ModelIdentity
 >>> schema = avro_schema(ModelIdentity, namespace="dev.kascade")
 >>> schema["name"], [f["type"] for f in schema["fields"]]
-('ModelIdentity', ['string', 'string', 'string'])
+('ModelIdentity', ['string', 'string', 'string', ['null', 'string']])
 """
 
 from __future__ import annotations

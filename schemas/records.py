@@ -123,6 +123,12 @@ class ModelIdentity(BaseModel):
     manifest_sha256: str = Field(
         pattern=r"^[0-9a-f]{64}$", description="sha256 of the model directory's manifest.json."
     )
+    cascade_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the cascade.json in force: which calibration settled chunks"
+        " (none without a cascade).",
+    )
 
 
 class CascadeUse(StrEnum):

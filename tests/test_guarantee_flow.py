@@ -1,11 +1,13 @@
 """The live guarantee through the real broker: a stream that shifts mid-run from text
-the cheap stages get right to text they get wrong. The job says so in one line, sets
-the gauge, sends every later chunk to the full model and marks those records, and loses
-no record."""
+the cheap stages get right to text they get wrong (the job says so in one line, sets the
+gauge, sends every later chunk to the full model and marks those records, and loses no
+record), and a new calibration taking effect on a restart from the snapshot."""
 
 from __future__ import annotations
 
+import hashlib
 import random
+import shutil
 import signal
 import time
 import urllib.request
@@ -13,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SMALL_CHUNKS, kascade_run, output_ids, produce, texts
+from helpers import SMALL_CHUNKS, TINY_PATH, kascade_run, output_ids, produce, texts
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.local_broker import free_port
 from kascade.operators.cascade import Cascade, cheap_stages
@@ -21,7 +23,9 @@ from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.operators.items import ChunkTask, DocMeta
 from kascade.schemas import CascadeUse, InputDocument, OutputRecord
+from kascade.schemas.cascade import CASCADE_FILE
 from kascade.schemas.settings import KafkaSettings
+from kascade.toolchain.calibrate import calibrate
 from tiny_models import CORPUS
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
@@ -137,3 +141,37 @@ def test_a_stream_that_drifts_mid_run_trips_the_guarantee_and_falls_back_losing_
         r = records[d.id]
         assert r.cascade is CascadeUse.SUSPENDED, r
         assert r.chunks.full_model == r.chunks.total
+
+
+def test_a_new_calibration_takes_effect_on_restart_from_the_snapshot_and_records_name_it(
+    kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(calibrated, model)
+    recovery = ("--recovery-dir", str(tmp_path / "recovery"), "--snapshot-interval-s", "0.5")
+    first = docs("first", texts(50), 40)
+    send(kafka_settings, first)
+    job = kascade_run(kafka_settings, model, "--cascade", "on", *recovery)
+    wait_for(kafka_settings, {d.id for d in first}, job)
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    old = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
+
+    # Recalibrate (other text, another epsilon), as `kascade calibrate` would.
+    calibrate(model, texts(400), epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+    new = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
+    assert new != old
+    later = docs("later", texts(50), 30)
+    send(kafka_settings, later)
+    job = kascade_run(kafka_settings, model, "--cascade", "on", "--bounded", *recovery)
+    _, err = job.communicate(timeout=300)
+    assert job.returncode == 0, err
+
+    records: dict[str, list[OutputRecord]] = {}
+    for _, v in read_all(kafka_settings, kafka_settings.output_topic):
+        r = OutputRecord.model_validate_json(v)
+        records.setdefault(r.id, []).append(r)
+    assert set(records) == {d.id for d in first + later}  # nothing lost
+    assert {r.model.cascade_sha256 for d in first for r in records[d.id][:1]} == {old}
+    assert {r.model.cascade_sha256 for d in later for r in records[d.id]} == {new}

@@ -1,0 +1,111 @@
+"""``kascade sample`` on someone else's events: Avro records through a real Schema
+Registry and the run's own field mapping, spread over partitions and languages, the
+records a run would dead-letter skipped, written as calibration text."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from helpers import kascade_cli
+from kascade.schemas.settings import KafkaSettings
+from kascade.toolchain.data import read_examples
+from tiny_models import CORPUS
+
+pytestmark = pytest.mark.kafka
+
+POST = {
+    "type": "record",
+    "name": "Post",
+    "namespace": "com.acme.forum",
+    "fields": [
+        {"name": "post_id", "type": "string"},
+        {"name": "body", "type": "string"},
+        {"name": "language", "type": "string"},
+    ],
+}
+
+
+def test_sample_reads_avro_events_through_the_mapping_spread_over_partitions_and_languages(
+    kafka_settings: KafkaSettings, schema_registry_url: str, tmp_path: Path
+) -> None:
+    registry = SchemaRegistryClient({"url": schema_registry_url})
+    ser = AvroSerializer(registry, json.dumps(POST))
+    ctx = SerializationContext(kafka_settings.input_topic, MessageField.VALUE)
+    producer = Producer({"bootstrap.servers": kafka_settings.brokers})
+    bodies = {}
+    # Partition 0 is busy and mostly German; partition 1 is quiet and French.
+    for i in range(300):
+        lang, partition = ("de", 0) if i % 10 else ("en", 0)
+        if i < 40:
+            lang, partition = "fr", 1
+        body = f"{CORPUS[i % len(CORPUS)]} ({i})"
+        bodies[body] = lang
+        event = {"post_id": f"p{i}", "body": body, "language": lang}
+        producer.produce(kafka_settings.input_topic, ser(event, ctx), partition=partition)
+    for bad in (b"not avro at all", b"\x00\x00\x00\x00\x01garbage"):
+        for partition in (0, 1):
+            producer.produce(kafka_settings.input_topic, bad, partition=partition)
+    assert producer.flush(30) == 0
+    config = tmp_path / "kascade.toml"
+    config.write_text(
+        "[input]\n"
+        'format = "avro"\ntext = ["body"]\nid = "post_id"\nlang = "language"\n'
+        f'[registry]\nurl = "{schema_registry_url}"\n'
+    )
+    out = tmp_path / "stream.jsonl"
+    r = kascade_cli(
+        "sample",
+        "--config",
+        str(config),
+        "--brokers",
+        kafka_settings.brokers,
+        "--input-topic",
+        kafka_settings.input_topic,
+        "--count",
+        "60",
+        "--out",
+        str(out),
+    )
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 60
+    assert all(bodies[row["text"]] == row["lang"] for row in rows)  # decoded, not raw bytes
+    langs = Counter(row["lang"] for row in rows)
+    # One from each (partition, language) in turn: the quiet partition's French (13% of
+    # the topic) and the rare English (9%) are not crowded out by the busy German.
+    assert langs["fr"] >= 20 and langs["en"] >= 10 and langs["de"] >= 20, langs
+    assert "4 of" in r.stdout and "skipped as dead letters" in r.stdout  # the malformed ones
+    examples = read_examples(out, text_column="text", label_column="lang")
+    assert len(examples) == 60  # what kascade calibrate --texts reads
+
+
+def test_sample_of_a_topic_without_a_readable_record_is_one_line(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    producer = Producer({"bootstrap.servers": kafka_settings.brokers})
+    producer.produce(kafka_settings.input_topic, b"{not json")
+    assert producer.flush(30) == 0
+    r = kascade_cli(
+        "sample",
+        "--brokers",
+        kafka_settings.brokers,
+        "--input-topic",
+        kafka_settings.input_topic,
+        "--count",
+        "5",
+        "--out",
+        str(tmp_path / "x.jsonl"),
+    )
+    assert r.returncode == 1
+    assert r.stderr.strip().splitlines() == [
+        f"kascade: {kafka_settings.input_topic} has no record to sample (1 read, 1 of them"
+        " would be dead letters)"
+    ]
+    assert not (tmp_path / "x.jsonl").exists()
