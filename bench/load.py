@@ -335,7 +335,9 @@ def main() -> None:
     ap.add_argument("--broker-port", type=int, default=9092)
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="ONNX Runtime threads per worker")
-    ap.add_argument("--rates", type=float, nargs="+", default=list(RATES))
+    ap.add_argument(
+        "--rates", type=float, nargs="*", default=list(RATES), help="none: capacity only"
+    )
     ap.add_argument("--seconds", type=float, default=60.0)
     ap.add_argument("--backlog", type=int, default=200)
     ap.add_argument("--documents", type=int, default=400, help="distinct documents in the mix")

@@ -113,6 +113,18 @@ ROWS: tuple[tuple[str, tuple[Graph, ...]], ...] = (
                 ((rate("kascade_audits_total", "agree"), "agree={{agree}}"),),
                 "Settled chunks re-checked by the full model, by whether it agreed.",
             ),
+            Graph(
+                "Certified bound",
+                "short",
+                (
+                    (
+                        'max by (lang) (kascade_cascade_guarantee{state="violated"})',
+                        "violated: {{lang}}",
+                    ),
+                ),
+                "1 where the live test of the audits rejected the certified bound (all:"
+                " every audit; otherwise per language).",
+            ),
         ),
     ),
     (
