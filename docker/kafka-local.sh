@@ -28,6 +28,10 @@ what=broker
 # shellcheck source=local-service.sh
 source "$here/local-service.sh"
 
+ready() {
+  grep -q "Kafka Server started" "$log" 2>/dev/null && port_open "$port"
+}
+
 fetch() {
   [[ -f "$libs/.complete" ]] && return 0
   command -v mvn >/dev/null || die "Maven (mvn) is needed to fetch the Kafka jars"
@@ -100,18 +104,7 @@ start() {
   # exec in the subshell, so $! is the JVM's own PID and stop signals the broker itself.
   (exec "${jvm[@]}" kafka.Kafka "$run/server.properties") >>"$log" 2>&1 </dev/null &
   echo $! >"$pidfile"
-  local deadline=$((SECONDS + wait_s))
-  until grep -q "Kafka Server started" "$log" 2>/dev/null && port_open "$port"; do
-    if ! is_running; then
-      tail -n 30 "$log" >&2
-      die "broker exited during start-up (log: $log)"
-    fi
-    if ((SECONDS > deadline)); then
-      stop >/dev/null 2>&1 || true
-      die "broker did not start within ${wait_s}s (log: $log)"
-    fi
-    sleep 0.5
-  done
+  await_ready
   echo "kafka-local: running on 127.0.0.1:$port (pid $(cat "$pidfile"))" >&2
 }
 

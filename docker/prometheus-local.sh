@@ -41,13 +41,7 @@ binary() {
 }
 
 ready() {
-  local status
-  status="$(
-    { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null || exit 1
-    printf 'GET /-/ready HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' >&3
-    head -n 1 <&3
-  )" || return 1
-  [[ "$status" == *" 200"* ]]
+  http_ok /-/ready
 }
 
 fetch() {
@@ -89,18 +83,7 @@ start() {
       --web.listen-address="127.0.0.1:$port" --web.enable-lifecycle
   ) >>"$log" 2>&1 </dev/null &
   echo $! >"$pidfile"
-  local deadline=$((SECONDS + wait_s))
-  until ready; do
-    if ! is_running; then
-      tail -n 30 "$log" >&2
-      die "prometheus exited during start-up (log: $log)"
-    fi
-    if ((SECONDS > deadline)); then
-      stop >/dev/null 2>&1 || true
-      die "prometheus was not ready within ${wait_s}s (log: $log)"
-    fi
-    sleep 0.25
-  done
+  await_ready
   echo "prometheus-local: running on http://127.0.0.1:$port (pid $(cat "$pidfile"))" >&2
 }
 

@@ -33,16 +33,9 @@ what=registry
 # shellcheck source=local-service.sh
 source "$here/local-service.sh"
 
-# "200" when the Confluent-compatible API answers; no curl on a bare machine, so bash's
-# own /dev/tcp speaks the one HTTP request.
+# When the Confluent-compatible API answers.
 ready() {
-  local status
-  status="$(
-    { exec 3<>"/dev/tcp/127.0.0.1/$port"; } 2>/dev/null || exit 1
-    printf 'GET %s HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n' "$ready_path" >&3
-    head -n 1 <&3
-  )" || return 1
-  [[ "$status" == *" 200"* ]]
+  http_ok "$ready_path"
 }
 
 fetch() {
@@ -79,18 +72,7 @@ start() {
     exec java -Xms64m -Xmx512m -jar "$dist/apicurio-registry-app-$version-runner.jar"
   ) >>"$log" 2>&1 </dev/null &
   echo $! >"$pidfile"
-  local deadline=$((SECONDS + wait_s))
-  until ready; do
-    if ! is_running; then
-      tail -n 30 "$log" >&2
-      die "registry exited during start-up (log: $log)"
-    fi
-    if ((SECONDS > deadline)); then
-      stop >/dev/null 2>&1 || true
-      die "registry did not answer within ${wait_s}s (log: $log)"
-    fi
-    sleep 0.25
-  done
+  await_ready
   echo "registry-local: running on http://127.0.0.1:$port (pid $(cat "$pidfile"))" >&2
 }
 
