@@ -35,9 +35,9 @@ from kascade.schemas.files import write_text_atomically
 from bench.long_docs import _rows, boilerplate
 
 
-def outcomes(model_dir: Path, texts: list[str]) -> list[bool]:
-    """For every settled chunk of ``texts`` (chunked as the cascade was certified): did
-    the full model disagree?"""
+def audits(model_dir: Path, texts: list[str]) -> list[list[bool]]:
+    """Per text, for each chunk the cheap stages settle (chunked as the cascade was
+    certified): did the full model disagree?"""
     model = load_model_dir(model_dir)
     encoder = Encoder(model, graphs="stages")
     cascade = Cascade.load(model_dir, model.manifest_sha256)
@@ -55,10 +55,12 @@ def outcomes(model_dir: Path, texts: list[str]) -> list[bool]:
             max_chunks=64,
             specials=specials,
         )
+        disagree = []
         for c in chunks:
             v = cheap(ChunkTask(meta, c.index, c.ids, c.n_tokens))
             if v.stage != "uncertain":
-                out.append(int(np.argmax(encoder.logits(c.ids))) != int(v.probs.argmax()))
+                disagree.append(int(np.argmax(encoder.logits(c.ids))) != int(v.probs.argmax()))
+        out.append(disagree)
     return out
 
 
@@ -101,7 +103,7 @@ def main() -> None:
     else:
         pool = [t for ts in _rows(args.data, ("holdout",)).values() for t in ts]
         texts = rng.sample(pool, min(args.texts, len(pool)))
-    disagree = outcomes(args.model, texts)
+    disagree = [d for per_text in audits(args.model, texts) for d in per_text]
     point = Cascade.load(args.model, load_model_dir(args.model).manifest_sha256).point
     result = {
         "model": str(args.model),

@@ -13,47 +13,26 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 from helpers import SMALL_CHUNKS, TINY_PATH, kascade_run, output_ids, produce, texts
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.local_broker import free_port
-from kascade.operators.cascade import Cascade, cheap_stages
-from kascade.operators.chunking import chunk_text
-from kascade.operators.encoder import Encoder, load_model_dir
-from kascade.operators.items import ChunkTask, DocMeta
 from kascade.schemas import CascadeUse, InputDocument, OutputRecord
 from kascade.schemas.cascade import CASCADE_FILE
 from kascade.schemas.settings import KafkaSettings
 from kascade.toolchain.calibrate import calibrate
 from tiny_models import CORPUS
 
+from bench.guarantee import audits
+
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 
 
 def by_agreement(model_dir: Path, candidates: list[str]) -> tuple[list[str], list[str]]:
-    """One-chunk texts the cheap stages settle, split by whether the full model agrees."""
-    model = load_model_dir(model_dir)
-    encoder = Encoder(model, graphs="stages")
-    cheap = cheap_stages(encoder, Cascade.load(model_dir, model.manifest_sha256), 0.0)
-    agree, disagree = [], []
-    for text in candidates:
-        chunks = chunk_text(
-            text,
-            model.tokenizer,
-            max_tokens=SMALL_CHUNKS.max_tokens,
-            overlap=SMALL_CHUNKS.overlap,
-            max_chunks=SMALL_CHUNKS.max_chunks,
-        )
-        if len(chunks) != 1:
-            continue
-        c = chunks[0]
-        meta = DocMeta(id="x", total_chunks=1, lang=None, metadata=None, timestamp_ms=None)
-        verdict = cheap(ChunkTask(meta, 0, c.ids, c.n_tokens))
-        if verdict.stage == "uncertain":
-            continue
-        full = int(np.argmax(encoder.logits(c.ids)))
-        (agree if full == int(verdict.probs.argmax()) else disagree).append(text)
+    """Texts with one settled chunk, split by whether the full model agrees with it."""
+    outcomes = audits(model_dir, candidates)
+    agree = [t for t, o in zip(candidates, outcomes, strict=True) if o == [False]]
+    disagree = [t for t, o in zip(candidates, outcomes, strict=True) if o == [True]]
     return agree, disagree
 
 
