@@ -6,7 +6,6 @@ that receives the original bytes and the reason for anything the flow could not 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
 import bytewax.operators as op
@@ -72,24 +71,22 @@ def dead_letter_output(dead: Stream[DeadLetter], settings: Settings) -> None:
     )
 
 
-def model_identity(model: Loaded, use: CascadeUse = CascadeUse.OFF) -> ModelIdentity:
+def model_identity(model: Loaded, cascade: Cascade | None = None) -> ModelIdentity:
     """The model, and the calibration in force when the cascade runs (a new cascade.json
     takes effect on the next start; its records say so)."""
     m = model.manifest
-    cascade = None
-    if use is CascadeUse.ON:
-        cascade = hashlib.sha256((model.directory / CASCADE_FILE).read_bytes()).hexdigest()
     return ModelIdentity(
         name=m.source,
         variant=m.variant,
         manifest_sha256=model.manifest_sha256,
-        cascade_sha256=cascade,
+        cascade_sha256=None if cascade is None else cascade.sha256,
     )
 
 
-def cascade_use(settings: Settings, model: Loaded) -> CascadeUse:
-    """Whether the flow runs the cheap stages: ``cascade.mode``, the model's
-    ``cascade.json``, and whether it was certified on this run's chunking.
+def cascade_use(settings: Settings, model: Loaded) -> tuple[CascadeUse, Cascade | None]:
+    """Whether the flow runs the cheap stages (``cascade.mode``, the model's
+    ``cascade.json``, and whether it was certified on this run's chunking), with the
+    cascade when it does: loaded once, for everything the run reads of it.
 
     Raises :class:`CascadeMismatch` for a cascade that cannot serve this run, unless
     ``cascade.if_uncertified`` says to go on without it.
@@ -97,23 +94,23 @@ def cascade_use(settings: Settings, model: Loaded) -> CascadeUse:
     c = settings.cascade
     present = (model.directory / CASCADE_FILE).is_file()
     if c.mode == "off" or (c.mode == "auto" and not present):
-        return CascadeUse.OFF
+        return CascadeUse.OFF, None
     cascade = Cascade.load(model.directory, model.manifest_sha256, c.operating_point)
     problem = cascade.certified_for(settings.chunking, model.manifest.files[TOKENIZER])
     if problem is None:
-        return CascadeUse.ON
+        return CascadeUse.ON, cascade
     if c.if_uncertified == "refuse":
         raise CascadeMismatch(
             f"{problem}: run with those chunking settings, run kascade calibrate again, or"
             " set cascade.if_uncertified=full_model to classify every chunk with the full model"
         )
     log.warning("%s; every chunk goes to the full model (cascade.if_uncertified)", problem)
-    return CascadeUse.UNCERTIFIED
+    return CascadeUse.UNCERTIFIED, None
 
 
-def document_stop(settings: Settings, model: Loaded, use: CascadeUse) -> StopRule | None:
+def document_stop(settings: Settings, model: Loaded, cascade: Cascade | None) -> StopRule | None:
     """The certified stop a run reads documents up to (``None``: it reads every chunk),
-    from ``cascade.reading`` and the model's ``cascade.json``.
+    from ``cascade.reading`` and the cascade in force (``None``: the cascade is off).
 
     Raises :class:`CascadeMismatch` when certified reading is asked for and cannot be had;
     ``auto`` reads every chunk instead (saying why, where a stop exists but cannot serve).
@@ -122,11 +119,10 @@ def document_stop(settings: Settings, model: Loaded, use: CascadeUse) -> StopRul
     if c.reading == "all":
         return None
     why = None
-    if use is not CascadeUse.ON:
+    if cascade is None:
         why = "the document stop reads the cascade's verdicts, and the cascade is off"
     else:
-        spec = Cascade.load(model.directory, model.manifest_sha256, c.operating_point).spec
-        stop = spec.document_stop
+        stop = cascade.spec.document_stop
         if stop is None:
             why = (
                 f"{model.directory / CASCADE_FILE} has no certified document stop; run"
@@ -159,7 +155,7 @@ def prepare(settings: Settings) -> Loaded:
             f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
             f" {model.manifest.max_length}"
         )
-    document_stop(settings, model, cascade_use(settings, model))
+    document_stop(settings, model, cascade_use(settings, model)[1])
     return model
 
 
@@ -170,15 +166,15 @@ def _record_audit(_step: str, result: ChunkResult) -> None:
         guarantee.audit(agree, result.doc.lang)
 
 
-def watch_the_bound(settings: Settings, model: Loaded) -> None:
+def watch_the_bound(settings: Settings, cascade: Cascade) -> None:
     """This process's live test of the certified bound on the audits it runs. Audits
     are spread over every worker process; each tests its own share at delta / processes,
     so a false alarm anywhere in the job stays at most delta."""
-    c = settings.cascade
-    point = Cascade.load(model.directory, model.manifest_sha256, c.operating_point).point
+    point = cascade.point
     processes = len(settings.hosts) if settings.hosts is not None else settings.workers
     watch = Watch(point.epsilon, point.delta / processes)
-    guarantee.install(Guard(watch, suspend=c.on_violation == "full_model"))
+    suspend = settings.cascade.on_violation == "full_model"
+    guarantee.install(Guard(watch, suspend=suspend))
 
 
 def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
@@ -188,12 +184,12 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
     ``model`` is what :func:`prepare` returned; by default it is prepared here.
     """
     model = model or prepare(settings)
-    use = cascade_use(settings, model)
-    stop = document_stop(settings, model, use)
+    use, in_force = cascade_use(settings, model)
+    stop = document_stop(settings, model, in_force)
     labeling = Labeling(
         labels=model.manifest.labels,
         aggregation=settings.aggregation,
-        model=model_identity(model, use),
+        model=model_identity(model, in_force),
         cascade=use,
     )
     flow = Dataflow("kascade")
@@ -207,8 +203,8 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
     )
     late_dead = []
     guarantee.install(None)
-    if use is CascadeUse.ON:
-        watch_the_bound(settings, model)
+    if in_force is not None:
+        watch_the_bound(settings, in_force)
         cheap = cascade(
             "cascade",
             chunked.chunks,

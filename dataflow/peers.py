@@ -22,7 +22,6 @@ port belongs on the cluster's private network.
 from __future__ import annotations
 
 import ipaddress
-import logging
 import threading
 import urllib.error
 import urllib.request
@@ -31,8 +30,6 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from kascade.errors import KascadeError
-
-log = logging.getLogger("kascade.cluster")
 
 NOT_ANSWERING = "not answering"
 

@@ -88,6 +88,7 @@ class Cascade:
     s1: Head
     point: OperatingPoint
     on_topic: Head | None = None  # the document stop's, when its rule asks it
+    sha256: str | None = None  # of the cascade.json it was loaded from: its identity
 
     @classmethod
     def load(
@@ -98,8 +99,9 @@ class Cascade:
         path = Path(model_dir) / CASCADE_FILE
         if not path.is_file():
             raise CascadeMismatch(f"{model_dir} has no {CASCADE_FILE}; run kascade calibrate")
+        text = path.read_bytes()
         try:
-            raw = json.loads(path.read_text())
+            raw = json.loads(text)
             if raw.get("version") not in READABLE_VERSIONS:
                 raise CascadeMismatch(
                     f"{path} has format version {raw.get('version')}, this kascade reads"
@@ -117,7 +119,9 @@ class Cascade:
             )
         stop = spec.document_stop
         on_topic = None if stop is None or stop.on_topic is None else Head.of(stop.on_topic)
-        return cls(spec, Head.of(spec.s0), Head.of(spec.s1), spec.operating_points[name], on_topic)
+        point = spec.operating_points[name]
+        digest = hashlib.sha256(text).hexdigest()
+        return cls(spec, Head.of(spec.s0), Head.of(spec.s1), point, on_topic, digest)
 
     def certified_for(self, chunking: ChunkSettings, tokenizer_sha256: str) -> str | None:
         """Why this calibration does not hold for chunks made this way (``None``: it does).
