@@ -11,6 +11,7 @@ import logging
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError
 from bytewax.dataflow import Dataflow, Stream
+from kascade.dataflow.exactly_once import TransactionalSink, route
 from kascade.dataflow.kafka_io import DeliveryCheckedSink, source
 from kascade.operators import guarantee, metrics
 from kascade.operators.cascade import Cascade, cascade
@@ -19,7 +20,7 @@ from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.formats import Reader, Writer
 from kascade.operators.full_model import classify
 from kascade.operators.guarantee import Guard, Watch
-from kascade.operators.items import ChunkResult
+from kascade.operators.items import ChunkResult, Outgoing
 from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.validate import Received, kafka_errors, validate
@@ -27,7 +28,7 @@ from kascade.schemas import CascadeUse, DeadLetter, ModelIdentity
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, StopRule
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.quarantine import Coordinates, Quarantine
-from kascade.schemas.settings import Settings
+from kascade.schemas.settings import Delivery, Settings
 
 from kascade.errors import UsageError
 
@@ -60,15 +61,23 @@ def ingest(flow: Dataflow, settings: Settings) -> tuple[Stream[Received], Stream
     return checked.docs, op.merge("dead", checked.dead, consumer_errors)
 
 
-def dead_letter_output(dead: Stream[DeadLetter], settings: Settings) -> None:
-    """Write dead letters to their topic, keyed like the original record, cut down to
-    what the broker accepts."""
-    limit = settings.kafka.record_limit()
-    op.output(
-        "dead_letter_out",
-        op.map("dead_letter_serialize", dead, lambda d: dead_letter_value(d, max_bytes=limit)),
-        DeliveryCheckedSink(settings.kafka, settings.kafka.dead_letter_topic),
+def deliver(labels: Stream[Outgoing], dead: Stream[DeadLetter], settings: Settings) -> None:
+    """Write labels and dead letters (keyed like the original record, cut down to what
+    the broker accepts) to their topics: exactly once, in transactions that commit before
+    each snapshot, or at least once (``delivery``)."""
+    k = settings.kafka
+    limit = k.record_limit()
+    dead_out = op.map(
+        "dead_letter_serialize",
+        dead,
+        lambda d: dead_letter_value(d, max_bytes=limit, topic=k.dead_letter_topic),
     )
+    results = op.merge("to_kafka", labels, dead_out)
+    if settings.delivery is Delivery.EXACTLY_ONCE:
+        routed = op.map("by_input_partition", results, lambda o: route(o, k.input_topic))
+        op.output("kafka_out", routed, TransactionalSink(k, settings.recovery_dir))
+    else:
+        op.output("kafka_out", results, DeliveryCheckedSink(k))
 
 
 def model_identity(model: Loaded, cascade: Cascade | None = None) -> ModelIdentity:
@@ -233,12 +242,8 @@ def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
         lambda r: output_value(r, writer, max_bytes=limit, stage="serialize"),
     )
     sendable = op.branch("sendable", serialized, lambda x: not isinstance(x, DeadLetter))
-    op.output(
-        "kafka_out",
-        sendable.trues,
-        DeliveryCheckedSink(settings.kafka, settings.kafka.output_topic),
-    )
-    dead_letter_output(
+    deliver(
+        sendable.trues,  # type: ignore[arg-type]
         op.merge("all_dead", dead, chunked.dead, sendable.falses, *late_dead),  # type: ignore[arg-type]
         settings,
     )

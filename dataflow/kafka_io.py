@@ -286,11 +286,12 @@ class ByteBudgetSource(FixedPartitionedSource[SourceItem, int | None]):
 
 
 class _DeliveryCheckedPartition(StatelessSinkPartition[Outgoing]):
-    def __init__(self, config: dict[str, Any], topic: str, tolerance_s: float):
+    def __init__(self, config: dict[str, Any], topic: str | None, tolerance_s: float):
         self._producer = Producer(config)
         self._topic = topic
         self._tolerance_s = tolerance_s
         self._error: str | None = None
+        self._written: set[str] = set()
         self.delivered = 0
 
     def _on_delivery(self, err: KafkaError | None, msg: Message) -> None:
@@ -306,13 +307,17 @@ class _DeliveryCheckedPartition(StatelessSinkPartition[Outgoing]):
         if self._error is not None:
             raise DeliveryFailed(self._error)
 
+    def _topics(self) -> str:
+        return ", ".join(sorted(self._written)) or str(self._topic)
+
     def write_batch(self, items: list[Outgoing]) -> None:
         self._raise_if_failed()
         for item in items:
+            self._written.add(item.topic or str(self._topic))
             while True:
                 try:
                     self._producer.produce(
-                        self._topic,
+                        item.topic or self._topic,
                         value=item.value,
                         key=item.key,
                         headers=list(item.headers) or None,
@@ -340,23 +345,25 @@ class _DeliveryCheckedPartition(StatelessSinkPartition[Outgoing]):
             if waited >= self._tolerance_s:
                 raise KafkaUnavailable(
                     f"Kafka unreachable for {waited:.0f} s (kafka.outage_tolerance_s ="
-                    f" {self._tolerance_s:g}): {remaining} records to {self._topic} not"
+                    f" {self._tolerance_s:g}): {remaining} records to {self._topics()} not"
                     " acknowledged; they are re-read from the input on restart"
                 )
-            LINK.down(f"{remaining} records to {self._topic} waiting")
+            LINK.down(f"{remaining} records to {self._topics()} waiting")
 
     def close(self) -> None:
         self._flush()
 
 
 class DeliveryCheckedSink(DynamicSink[Outgoing]):
-    """Writes :class:`Outgoing` records to one topic; a failed delivery raises, never vanishes.
+    """Writes :class:`Outgoing` records to their topic (``topic`` for those that name
+    none); a failed delivery raises, never vanishes. At least once: after a crash, what
+    followed the last snapshot is written again.
 
     Each worker gets its own producer; records keyed by document id land on the
     partition Kafka's partitioner picks for that key.
     """
 
-    def __init__(self, settings: KafkaSettings, topic: str) -> None:
+    def __init__(self, settings: KafkaSettings, topic: str | None = None) -> None:
         # librdkafka retries each record for longer than the job tolerates an outage, so
         # the sink, not a record's timeout, decides when an outage has lasted too long.
         retry = {"message.timeout.ms": str(int((settings.outage_tolerance_s + 30) * 1000))}

@@ -22,10 +22,11 @@ from bytewax.dataflow import Dataflow
 from bytewax.errors import BytewaxRuntimeError
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
+from kascade.dataflow.exactly_once import record_start
 from kascade.dataflow.kafka_io import DRAIN, accepted_record_bytes, check_cluster
 from kascade.dataflow.supervisor import supervise
 from kascade.operators.registry import check_registry
-from kascade.schemas.settings import Settings
+from kascade.schemas.settings import Delivery, Settings
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +133,8 @@ def run(settings: Settings, build: FlowBuilder) -> int:
     check_cluster(settings.kafka, required_topics(settings))
     check_registry(settings.registry)
     settings = with_record_limit(settings)
+    if settings.delivery is Delivery.EXACTLY_ONCE and settings.recovery_dir is not None:
+        record_start(settings.kafka, settings.recovery_dir)  # before the store exists
     if settings.hosts is None and settings.workers == 1 and settings.recovery_dir is None:
         run_process(settings, build)
         return 0

@@ -71,7 +71,11 @@ def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -
     reader = Reader(settings.input, settings.registry, keep_event=False)
     consumer = Consumer(
         client_config(k)
-        | {"group.id": f"kascade-sample-{uuid.uuid4()}", "enable.auto.commit": "false"}
+        | {
+            "group.id": f"kascade-sample-{uuid.uuid4()}",
+            "enable.auto.commit": "false",
+            "isolation.level": "read_committed",  # what a producer committed, only
+        }
     )
     report = Sampled()
     buckets: dict[tuple[int, str], list[dict]] = {}

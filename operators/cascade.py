@@ -410,7 +410,7 @@ def cascade(
         turn = settings.chunks_per_turn or None
         return CascadeLogic(cheap, strategy, settings.audit_fraction, resume, stop, turn)
 
-    keyed = op.key_on("by_document", up, lambda t: t.doc.id)
+    keyed = op.key_on("by_record", up, lambda t: t.doc.unit)
     decided = op.key_rm("unkey", op.stateful("stages", keyed, build))
     dead = op.branch("too_long", decided, lambda x: isinstance(x, DeadLetter))
     split = op.branch("escalate", dead.falses, lambda x: isinstance(x, Escalation))

@@ -40,6 +40,7 @@ from kascade.schemas import (
     InputDocument,
     KafkaHeaders,
     OutputRecord,
+    SourcePosition,
 )
 from kascade.schemas.avro import avro_schema
 from kascade.schemas.events import InputSettings, OutputSettings, RegistrySettings
@@ -47,6 +48,9 @@ from pydantic import ValidationError
 
 NAMESPACE = "dev.kascade"
 HEADER_PREFIX = "kascade-"
+# On every result (label or dead letter): the input record it is the result of,
+# ``topic:partition:offset``; how the exactly-once resume knows what it committed.
+ORIGIN_HEADER = f"{HEADER_PREFIX}origin"
 _STRATEGIES = {
     "topic": topic_subject_name_strategy,
     "record": record_subject_name_strategy,
@@ -210,6 +214,15 @@ def carried(
 ) -> list[tuple[str, bytes | None]]:
     """The input's headers, without kascade's own from an earlier pass, then ``added``."""
     return [(k, v) for k, v in headers if not k.startswith(HEADER_PREFIX)] + list(added)
+
+
+def origin_header(origin: SourcePosition | None) -> list[tuple[str, bytes | None]]:
+    """The :data:`ORIGIN_HEADER` of a result (none for a record read without a position).
+
+    >>> origin_header(SourcePosition(topic="in", partition=1, offset=7))
+    [('kascade-origin', b'in:1:7')]
+    """
+    return [] if origin is None else [(ORIGIN_HEADER, origin.key.encode())]
 
 
 @dataclass

@@ -22,11 +22,14 @@ class Envelope:
 
 @dataclass(frozen=True)
 class Outgoing:
-    """A record for a Kafka topic."""
+    """A record for a Kafka topic: the result of the input record at ``origin`` (a label
+    or a dead letter), bound for ``topic``."""
 
     key: bytes | None
     value: bytes
     headers: KafkaHeaders = ()
+    topic: str | None = None
+    origin: SourcePosition | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,19 @@ class DocMeta:
     reading: Reading | None = None
     # Read while the live test had suspended the cheap stages (operators.guarantee).
     suspended: bool = False
+
+    @property
+    def unit(self) -> str:
+        """The key of this document's state in every keyed step: its input record's
+        position. Ids repeat (an update, a re-send, two producers); positions do not,
+        so two records with one id in flight at once are never taken for one.
+
+        >>> DocMeta("d", 1, None, None, None, SourcePosition(topic="t", partition=2,
+        ...         offset=9)).unit
+        't:2:9'
+        """
+        # Without a position (a test's hand-made record) the id is all there is.
+        return f"id:{self.id}" if self.source is None else self.source.key
 
     @property
     def chunks_expected(self) -> int:

@@ -40,6 +40,11 @@ GUARANTEE = Gauge(
     " language and for all audits (lang=all)",
     ["lang", "state"],
 )
+REPLAYS_DROPPED = Counter(
+    "kascade_replayed_results_dropped_total",
+    "Results a resumed run computed again and did not write: they were committed before"
+    " the crash (delivery=exactly_once)",
+)
 RESTARTS = Gauge(
     "kascade_worker_restarts",
     "Times the supervisor restarted this run's worker processes from the last snapshot",

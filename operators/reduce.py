@@ -223,7 +223,7 @@ def assemble(
     step_id: str, results: Stream[ChunkResult], empty: Stream[DocMeta], labeling: Labeling
 ) -> Stream[Labeled]:
     """One :class:`Labeled` record per document, from its chunk results (or none at all)."""
-    keyed = op.key_on("by_document", results, lambda r: r.doc.id)
+    keyed = op.key_on("by_record", results, lambda r: r.doc.unit)
     records = op.stateful("collect", keyed, lambda resume: AssembleLogic(labeling, resume))
     no_chunks = op.map("no_chunks", empty, lambda meta: labeled(meta, [], labeling, _wall_ms()))
     return op.merge("documents", op.key_rm("unkey", records), no_chunks)

@@ -7,7 +7,8 @@ that is too large keeps its reason and source but carries only a prefix of the
 original value, with its size and sha256 (the value itself stays in the input topic).
 
 Both carry the input record's headers, plus kascade's own (``kascade-label``,
-``kascade-model``, ``kascade-degraded``; ``kascade-reason`` on dead letters).
+``kascade-model``, ``kascade-degraded``; ``kascade-reason`` on dead letters; on both,
+``kascade-origin``: the input record they are the result of).
 
 >>> out = dead_letter_value(DeadLetter.of(DeadLetterReason.EMPTY, "no value",
 ...     stage="s", raw=b"", key=b"k", source=None, timestamp_ms=None,
@@ -19,7 +20,13 @@ Both carry the input record's headers, plus kascade's own (``kascade-label``,
 from __future__ import annotations
 
 from kascade.operators import metrics
-from kascade.operators.formats import HEADER_PREFIX, Writer, carried, kascade_headers
+from kascade.operators.formats import (
+    HEADER_PREFIX,
+    Writer,
+    carried,
+    kascade_headers,
+    origin_header,
+)
 from kascade.operators.items import Outgoing
 from kascade.operators.reduce import Labeled
 from kascade.schemas import DeadLetter, DeadLetterReason, OutputRecord
@@ -50,8 +57,12 @@ def output_value(
         )
     metrics.DOCS_OUT.labels(str(record.degraded).lower()).inc()
     metrics.DOC_LATENCY.observe(record.latency_ms / 1000)
-    headers = carried(envelope.headers if envelope else (), *kascade_headers(record))
-    return Outgoing(writer.key(record, envelope), value, headers)
+    headers = carried(
+        envelope.headers if envelope else (),
+        *kascade_headers(record),
+        *origin_header(record.source),
+    )
+    return Outgoing(writer.key(record, envelope), value, headers, writer.topic, record.source)
 
 
 def _unsendable(labeled: Labeled, detail: str, stage: str, value: bytes = b"") -> DeadLetter:
@@ -69,9 +80,9 @@ def _unsendable(labeled: Labeled, detail: str, stage: str, value: bytes = b"") -
     )
 
 
-def dead_letter_value(dead: DeadLetter, *, max_bytes: int) -> Outgoing:
-    """The dead letter for Kafka, cut down to fit ``max_bytes``, keyed and headed like
-    the original record."""
+def dead_letter_value(dead: DeadLetter, *, max_bytes: int, topic: str | None = None) -> Outgoing:
+    """The dead letter for Kafka (``topic``), cut down to fit ``max_bytes``, keyed and
+    headed like the original record."""
     metrics.DEAD_LETTERS.labels(dead.reason.value).inc()
     fitted = dead.fitted(max_bytes)
     key = fitted.original_key()
@@ -79,5 +90,9 @@ def dead_letter_value(dead: DeadLetter, *, max_bytes: int) -> Outgoing:
         key = None  # an outsized key (kept in key_b64's prefix) cannot be the record key
     reason = (f"{HEADER_PREFIX}reason", dead.reason.value.encode())
     return Outgoing(
-        key, fitted.model_dump_json().encode(), carried(fitted.original_headers(), reason)
+        key,
+        fitted.model_dump_json().encode(),
+        carried(fitted.original_headers(), reason, *origin_header(dead.source)),
+        topic,
+        dead.source,
     )

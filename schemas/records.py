@@ -238,6 +238,17 @@ class SourcePosition(BaseModel):
     partition: int = Field(ge=0)
     offset: int = Field(ge=0)
 
+    @property
+    def key(self) -> str:
+        """The record's identity as one string, ``topic:partition:offset`` (Kafka topic
+        names have no ``:``): the key of its state in the flow and of its result in the
+        exactly-once ledger.
+
+        >>> SourcePosition(topic="text-in", partition=2, offset=9).key
+        'text-in:2:9'
+        """
+        return f"{self.topic}:{self.partition}:{self.offset}"
+
 
 class Header(BaseModel):
     """A Kafka record header, carried with a dead letter so the record can be replayed."""

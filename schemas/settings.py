@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 from contextvars import ContextVar
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
@@ -94,6 +95,30 @@ class KafkaSettings(BaseModel):
         le=5000,
         description="librdkafka's default (500) adds latency to every quiet partition.",
     )
+    transactional_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="With delivery=exactly_once: the prefix of the Kafka transactional ids"
+        " (one per input partition), the same on every process and start of one job and"
+        " different for every other job; default: kascade-<input_topic>-<output_topic>.",
+    )
+    commit_interval_ms: int = Field(
+        default=100,
+        ge=1,
+        le=60_000,
+        description="With delivery=exactly_once: how long results wait to be committed"
+        " (readers see them then); every snapshot commits too.",
+    )
+    transaction_timeout_s: float = Field(
+        default=60.0,
+        ge=1,
+        le=900,
+        description="With delivery=exactly_once: how long the broker keeps a dead"
+        " process's open transaction (holding back read_committed consumers) before"
+        " aborting it; outages longer than this restart the workers from the last"
+        " snapshot. At most the broker's transaction.max.timeout.ms.",
+    )
 
     @model_validator(mode="after")
     def _sasl_is_complete(self) -> KafkaSettings:
@@ -106,6 +131,14 @@ class KafkaSettings(BaseModel):
             if missing:
                 raise ValueError(f"{self.security_protocol} needs {', '.join(missing)}")
         return self
+
+    def transactional_prefix(self) -> str:
+        """Transactional ids are this plus ``-<input partition>``.
+
+        >>> KafkaSettings(input_topic="a", output_topic="b").transactional_prefix()
+        'kascade-a-b'
+        """
+        return self.transactional_id or f"kascade-{self.input_topic}-{self.output_topic}"
 
     def record_limit(self) -> int:
         """Bytes a record's value may have: the accepted size less room for the key,
@@ -207,6 +240,17 @@ class CascadeSettings(BaseModel):
     )
 
 
+class Delivery(StrEnum):
+    """What a reader of the output and dead-letter topics sees of each input record."""
+
+    # Each record's result (a label or a dead letter) once, whatever dies, to consumers
+    # reading with isolation.level=read_committed: Kafka transactions (README).
+    EXACTLY_ONCE = "exactly_once"
+    # Each record's result at least once: after a crash, what followed the last snapshot
+    # is written again. No transactions; results visible as soon as they are written.
+    AT_LEAST_ONCE = "at_least_once"
+
+
 class RestartSettings(BaseModel):
     """How ``kascade run --recovery-dir`` brings back worker processes that died."""
 
@@ -278,6 +322,13 @@ class Settings(BaseSettings):
         default=None, description="Bytewax recovery store; enables resuming after a crash."
     )
     snapshot_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    delivery: Delivery = Field(
+        default=Delivery.EXACTLY_ONCE,
+        description="exactly_once: each input record's result once, across any crash or"
+        " restart, to consumers reading with isolation.level=read_committed (a restart"
+        " resumes only with --recovery-dir); at_least_once: no transactions, results may"
+        " repeat after a crash.",
+    )
     restarts: RestartSettings = Field(default_factory=RestartSettings)
     metrics_port: int | None = Field(
         default=None,

@@ -27,26 +27,6 @@ from kascade.toolchain.certify import CalibrationTooSmall
 OPENING_CHUNKS = 3  # helpers.BOILERPLATE repeated 18 times, in 64-token chunks
 
 
-@pytest.fixture(scope="module")
-def stopping(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny model calibrated on documents drawn like the stream's, openings included:
-    chunk thresholds on one draw, the document stop on another."""
-    d = tmp_path_factory.mktemp("stopping") / "model"
-    shutil.copytree(exported["modernbert"], d)
-    spec = calibrate(
-        d,
-        [doc.text for doc in long_documents(80, seed=1)],
-        epsilon=0.1,
-        delta=0.1,
-        chunking=SMALL_CHUNKS,
-        path=TINY_PATH,
-        documents=[doc.text for doc in long_documents(120, seed=2)],
-        epsilon_doc=0.05,
-    )
-    assert spec.document_stop is not None
-    return d
-
-
 def _send(k: KafkaSettings, docs: list[InputDocument]) -> None:
     produce(k, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
 

@@ -135,7 +135,12 @@ def test_avro_events_become_enriched_avro_events_keyed_and_headed_like_their_inp
     for d, r in dead:
         assert d.original() in {b.value for b in bad}
         assert d.original_headers() == [TRACE]
-        assert dict(r.headers) == {"traceparent": TRACE[1], "kascade-reason": b"not_decodable"}
+        assert d.source is not None
+        assert dict(r.headers) == {
+            "traceparent": TRACE[1],
+            "kascade-reason": b"not_decodable",
+            "kascade-origin": d.source.key.encode(),
+        }
 
 
 def test_json_schema_events_are_read_and_a_record_breaking_its_schema_is_dead_lettered(

@@ -43,10 +43,12 @@ def entry_point(request):
     return request.param
 
 
-def expected_record(model_dir: Path, doc: InputDocument) -> tuple[str | None, int]:
+def expected_record(
+    model_dir: Path, doc: InputDocument, chunking: dict = CHUNKING
+) -> tuple[str | None, int]:
     """The label and chunk count computed directly, without Kafka or Bytewax."""
     loaded = load_model_dir(model_dir)
-    chunks = chunk_text(doc.text, loaded.tokenizer, **CHUNKING)
+    chunks = chunk_text(doc.text, loaded.tokenizer, **chunking)
     encoder = Encoder(loaded)
     verdicts = [
         ChunkVerdict(c.index, c.n_tokens, softmax(encoder.logits(c.ids).astype(np.float64)))

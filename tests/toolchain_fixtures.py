@@ -42,3 +42,26 @@ def calibrated(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
     shutil.copytree(exported["modernbert"], d)
     calibrate(d, texts(300), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
     return d
+
+
+@pytest.fixture(scope="session")
+def stopping(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model calibrated on documents drawn like the stream's, openings included:
+    chunk thresholds on one draw, the document stop on another."""
+    from helpers import SMALL_CHUNKS, TINY_PATH, long_documents
+    from kascade.toolchain.calibrate import calibrate
+
+    d = tmp_path_factory.mktemp("stopping") / "model"
+    shutil.copytree(exported["modernbert"], d)
+    spec = calibrate(
+        d,
+        [doc.text for doc in long_documents(80, seed=1)],
+        epsilon=0.1,
+        delta=0.1,
+        chunking=SMALL_CHUNKS,
+        path=TINY_PATH,
+        documents=[doc.text for doc in long_documents(120, seed=2)],
+        epsilon_doc=0.05,
+    )
+    assert spec.document_stop is not None
+    return d
