@@ -27,9 +27,8 @@ _REAL_BUILD = flow.build_flow  # before __main__ replaces it
 
 def hit(point: str) -> None:
     """Count one hit of ``point``; die if it is a planned one."""
-    plan = dict(
-        entry.split(":", 1) for entry in os.environ.get("KASCADE_TEST_DIE_AT", "").split(";") if entry
-    )
+    entries = os.environ.get("KASCADE_TEST_DIE_AT", "").split(";")
+    plan = dict(entry.split(":", 1) for entry in entries if entry)
     if point not in plan:
         return
     counts = Path(os.environ["KASCADE_TEST_DIE_COUNTS"])
@@ -63,9 +62,7 @@ POINTS = {
     # The epoch's results committed; the snapshot that says so not taken yet.
     "after_commit": lambda: _wrap(exactly_once._Part, "snapshot", "after_commit", after=True),
     # A resumed partition read what it committed since its snapshot, and wrote nothing yet.
-    "during_resume": lambda: _wrap(
-        exactly_once, "committed_since", "during_resume", after=True
-    ),
+    "during_resume": lambda: _wrap(exactly_once, "committed_since", "during_resume", after=True),
     # Draining (SIGTERM): the last results handed over, their commit not made yet.
     "during_drain": lambda: _wrap(exactly_once._Part, "close", "during_drain"),
 }
