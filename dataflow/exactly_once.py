@@ -37,7 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from bytewax.outputs import FixedPartitionedSink, StatefulSinkPartition
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    Producer,
+    TopicPartition,
+)
 from kascade.dataflow.kafka_io import SINK_CONFIG, KafkaUnavailable, client_config
 from kascade.dataflow.transactions import Committer, TransactionFailed, transactional_config
 from kascade.operators import metrics
@@ -152,6 +159,12 @@ def _read_start(recovery_dir: Path | None) -> dict[TopicPartitionKey, int] | Non
     return {(k.rpartition(":")[0], int(k.rpartition(":")[2])): v for k, v in raw.items()}
 
 
+def _position(msg: Message) -> tuple[TopicPartitionKey, int]:
+    topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+    assert topic is not None and partition is not None and offset is not None
+    return (topic, partition), offset
+
+
 def committed_since(
     settings: KafkaSettings, scan_from: dict[TopicPartitionKey, int], origin_prefix: str
 ) -> tuple[set[str], dict[TopicPartitionKey, int]]:
@@ -183,18 +196,18 @@ def committed_since(
             msg = consumer.poll(0.5)
             if msg is None:
                 continue
-            tp = (msg.topic(), msg.partition())
+            tp, offset = _position(msg)
             err = msg.error()
             if err is not None:
                 if err.code() != KafkaError._PARTITION_EOF:
                     raise KafkaException(err)
-                if msg.offset() >= ends[tp][1]:
+                if offset >= ends[tp][1]:  # the end event's offset is the next one
                     todo.discard(tp)
                 continue
             origin = dict(msg.headers() or ()).get(ORIGIN_HEADER)
-            if origin is not None and origin.decode(errors="replace").startswith(origin_prefix):
-                found.add(origin.decode())
-            if msg.offset() + 1 >= ends[tp][1]:
+            if isinstance(origin, bytes) and origin.startswith(origin_prefix.encode()):
+                found.add(origin.decode(errors="replace"))
+            if offset + 1 >= ends[tp][1]:
                 todo.discard(tp)
         return found, {tp: high for tp, (_, high) in ends.items()}
     finally:

@@ -182,8 +182,10 @@ class Committer:
         if err is not None:
             self._delivery_error = f"delivery to {msg.topic()} failed: {err.str()}"
             return
-        tp = (msg.topic(), msg.partition())
-        self._txn_offsets[tp] = max(self._txn_offsets.get(tp, 0), msg.offset() + 1)
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        assert topic is not None and partition is not None and offset is not None
+        tp = (topic, partition)
+        self._txn_offsets[tp] = max(self._txn_offsets.get(tp, 0), offset + 1)
 
     def _commit(self) -> None:
         """Commit the open transaction: through retriable errors up to the tolerance, and
