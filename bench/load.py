@@ -86,6 +86,7 @@ class Results:
                 "bootstrap.servers": k.brokers,
                 "group.id": f"bench-load-{uuid.uuid4()}",
                 "auto.offset.reset": "earliest",
+                "isolation.level": "read_committed",  # as a consumer of exactly_once must
                 "fetch.wait.max.ms": 10,
             }
         )
