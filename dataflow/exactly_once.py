@@ -53,6 +53,8 @@ from kascade.operators.items import Outgoing
 from kascade.schemas import SourcePosition
 from kascade.schemas.settings import KafkaSettings
 
+from kascade.errors import UsageError
+
 log = logging.getLogger(__name__)
 
 # In the recovery directory: where each output topic partition ended when the store was
@@ -138,6 +140,14 @@ def record_start(settings: KafkaSettings, recovery_dir: Path) -> None:
     path = recovery_dir / START_FILE
     if path.exists():
         return
+    if any(recovery_dir.glob("part-*")):
+        # Without the note, a resume cannot tell which committed results came after its
+        # snapshot; and a store from before exactly-once delivery keys documents by id.
+        raise UsageError(
+            f"{recovery_dir} holds snapshots of a run without exactly-once delivery "
+            "(an at_least_once run or an older kascade): drain that job and start with an "
+            "empty --recovery-dir, or run with --delivery at_least_once"
+        )
     consumer = _consumer(settings)
     try:
         topics = [settings.output_topic, settings.dead_letter_topic]

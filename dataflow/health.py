@@ -3,15 +3,19 @@
 librdkafka reconnects by itself and logs every failed attempt (hundreds of lines a
 minute while a broker is down). :class:`LinkState` folds those lines into three kinds:
 one line when the cluster becomes unreachable, a reminder at most every
-``remind_s`` seconds, and one line when it is reachable again. The sink asks it how
-long the outage has lasted, to give up past ``kafka.outage_tolerance_s``.
+``remind_s`` seconds, and one line when it is reachable again.
 
->>> clock = iter([0.0, 1.0, 70.0, 80.0]).__next__
->>> link = LinkState(remind_s=60, now=clock)
+Reconnecting is not one event: a dozen clients (a consumer per worker, a producer per
+input partition) reconnect one by one, and one client's late "refused" comes after
+another's first success. So "reachable again" is said once the cluster has stayed
+reachable for ``settle_s``; a failure before that continues the same outage.
+
+>>> clock = iter([0.0, 1.0, 70.0, 80.0, 80.5, 81.0, 84.0]).__next__
+>>> link = LinkState(remind_s=60, settle_s=3, now=clock)
 >>> [link.down("refused"), link.down("refused"), link.down("refused")]
 ['Kafka unreachable (refused); retrying', None, 'Kafka still unreachable after 70 s (refused)']
->>> link.up()
-'Kafka reachable again after 80 s'
+>>> [link.up(), link.down("refused"), link.up(), link.up()]
+[None, None, None, 'Kafka reachable again after 81 s']
 """
 
 from __future__ import annotations
@@ -43,14 +47,17 @@ class LinkState:
     """Up or down since when; every method returns the line it logged (or ``None``)."""
 
     remind_s: float = 60.0
+    settle_s: float = 3.0
     now: Callable[[], float] = time.monotonic
     _down_since: float | None = None
+    _up_since: float | None = None  # reachable since, not yet for settle_s
     _reminded: float = 0.0
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def down(self, reason: str) -> str | None:
         with self._lock:
             t = self.now()
+            self._up_since = None  # a client's late failure: the same outage goes on
             if self._down_since is None:
                 self._down_since = self._reminded = t
                 return self._say(logging.WARNING, f"Kafka unreachable ({reason}); retrying")
@@ -66,14 +73,14 @@ class LinkState:
         with self._lock:
             if self._down_since is None:
                 return None
-            lasted = self.now() - self._down_since
-            self._down_since = None
+            t = self.now()
+            if self._up_since is None:
+                self._up_since = t
+            if t - self._up_since < self.settle_s:
+                return None
+            lasted = self._up_since - self._down_since
+            self._down_since = self._up_since = None
             return self._say(logging.WARNING, f"Kafka reachable again after {lasted:.0f} s")
-
-    def outage_s(self) -> float:
-        """How long the current outage has lasted (0 when up)."""
-        with self._lock:
-            return 0.0 if self._down_since is None else self.now() - self._down_since
 
     @staticmethod
     def _say(level: int, line: str) -> str:

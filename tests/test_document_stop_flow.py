@@ -103,17 +103,25 @@ def test_a_text_longer_than_the_limit_is_labeled_when_its_stop_comes_first(
     too_long with their bytes."""
     docs = long_documents(12, seed=4, boilerplate_every=3, repeats=(80, 140))
     _send(kafka_settings, docs)
-    unlimited = kafka_settings.model_copy(update={"output_topic": topic_factory("unlimited")})
+    unlimited = kafka_settings.model_copy(
+        update={
+            "output_topic": topic_factory("unlimited"),
+            "dead_letter_topic": topic_factory("unlimited-dead"),
+        }
+    )
     # No audits: the two runs must read alike, and the live test of the bound (which may
     # suspend the cheap stages part-way through a run) is not what this test is about.
     quiet = {"mode": "on", "audit_fraction": 0.0}
-    _run(unlimited, stopping, cascade=quiet)
+    no_limit = {"max_tokens": 64, "overlap": 8, "max_chunks": 1000}
+    _run(unlimited, stopping, cascade=quiet, chunking=no_limit)
+    assert list(read_all(unlimited, unlimited.dead_letter_topic)) == []
     whole = _labels(unlimited)
+    assert set(whole) == {d.id for d in docs}
     stops = {i: r.reading.chunks_read for i, r in whole.items() if r.reading.stopped == "certain"}
     limit = min(stops.values())
     within = {i for i, n in stops.items() if n <= limit}
     assert within and within != set(whole)  # both outcomes are in the sample
-    limited = {"max_tokens": 64, "overlap": 8, "max_chunks": limit}
+    limited = {**no_limit, "max_chunks": limit}
     _run(kafka_settings, stopping, cascade=quiet, chunking=limited)
 
     labeled = _labels(kafka_settings)

@@ -267,3 +267,22 @@ def test_a_broker_restart_in_the_middle_of_transactions_writes_each_result_once(
         assert_exactly_once(k)
     finally:
         broker.stop()
+
+
+def test_a_recovery_store_without_exactly_once_delivery_is_refused_in_one_line(
+    kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    """Its snapshots cannot say which committed results came after them: resuming from
+    it could write a result twice, so the job refuses it and says what to do."""
+    k = kafka_settings
+    send_corpus(k, 40)
+    earlier = kascade_run(
+        k, exported["bert"], "--delivery", "at_least_once", "--bounded", *recovery(tmp_path)
+    )
+    _, err = earlier.communicate(timeout=300)
+    assert earlier.returncode == 0, err
+    refused = kascade_run(k, exported["bert"], "--bounded", *recovery(tmp_path))
+    _, err = refused.communicate(timeout=120)
+    assert refused.returncode != 0
+    assert "snapshots of a run without exactly-once delivery" in err
+    assert "Traceback" not in err

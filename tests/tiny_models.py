@@ -23,17 +23,21 @@ LABELS = ["sports", "politics", "health", "geography", "science", "travel", "ent
 
 
 def save_tokenizer(directory: Path, vocab_size: int = 400) -> None:
-    """A WordPiece tokenizer trained on ``CORPUS``, with BERT-style special tokens."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    """A WordPiece tokenizer over ``CORPUS``'s words and letters, with BERT-style special tokens."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    # The vocabulary is built, not trained: WordPieceTrainer breaks ties between equally
+    # frequent pairs in hash order, so two sessions got different tokenizers, different
+    # cascades and different document stops from the same seed.
+    specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
+    words = sorted({w for line in CORPUS for w in line.lower().split()})
+    chars = sorted({c for w in words for c in w})
+    pieces = specials + chars + [f"##{c}" for c in chars] + words
+    vocab = {piece: i for i, piece in enumerate(pieces[:vocab_size])}
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.BertNormalizer(lowercase=True)
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]"]
-    tok.train_from_iterator(
-        CORPUS * 3, trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=specials)
-    )
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
