@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import argparse
 import functools
+import tomllib
 from pathlib import Path
 from typing import Any
 
-from kascade.schemas.settings import Settings, add_settings_flags, load_settings
+from kascade.schemas.settings import (
+    Settings,
+    add_settings_flags,
+    load_settings,
+    settings_error,
+)
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
+from kascade.arguments import positive
 from kascade.errors import UsageError
 
 # Short forms of the most used settings, so everyday command lines stay short.
@@ -31,6 +39,10 @@ SHORT_FLAGS = {
 
 
 COMMANDS = ("run", "topics", "sample")
+# The settings each command reads (run: all). Sampling reads records as run does: where
+# they are, how they are encoded, which are too large.
+SAMPLE_SETTINGS = ("kafka", "input", "registry", "max_text_bytes")
+TOPICS_SETTINGS = ("kafka",)
 
 
 def expand_short_flags(argv: list[str]) -> list[str]:
@@ -39,11 +51,12 @@ def expand_short_flags(argv: list[str]) -> list[str]:
 
     >>> expand_short_flags(["run", "--brokers", "k:9092", "--overlap=8"])
     ['run', '--kafka.brokers', 'k:9092', '--chunking.overlap=8']
+    >>> expand_short_flags(["--log-format", "json", "run", "--brokers", "k:9092"])
+    ['--log-format', 'json', 'run', '--kafka.brokers', 'k:9092']
     >>> expand_short_flags(["train", "--threads", "2"])
     ['train', '--threads', '2']
     """
-    command = next((a for a in argv if not a.startswith("-")), None)
-    if command not in COMMANDS:
+    if _command_in(argv) not in COMMANDS:
         return argv
     out = []
     for arg in argv:
@@ -52,17 +65,28 @@ def expand_short_flags(argv: list[str]) -> list[str]:
     return out
 
 
-def _short_forms_epilog() -> str:
-    return "short forms: " + ", ".join(f"{k} = {v}" for k, v in SHORT_FLAGS.items())
+def _command_in(argv: list[str]) -> str | None:
+    """The command named in ``argv``, past the top-level flags and their values.
+
+    >>> _command_in(["--log-format", "json", "-v", "run", "--brokers", "k:9092"])
+    'run'
+    """
+    args = iter(argv)
+    for arg in args:
+        if arg in ("--log-level", "--log-format"):
+            next(args, None)
+        elif not arg.startswith("-"):
+            return arg
+    return None
 
 
-def settings_error(e: ValidationError) -> UsageError:
-    """The first problem of invalid settings, as one line."""
-    first = e.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in first["loc"])
-    # A validator's own message needs no "Value error, " in front of it.
-    message = first["msg"].removeprefix("Value error, ")
-    return UsageError(f"invalid settings: {where + ': ' if where else ''}{message}")
+def _short_forms_epilog(sections: tuple[str, ...] | None = None) -> str:
+    forms = [
+        f"{short} = {long}"
+        for short, long in SHORT_FLAGS.items()
+        if sections is None or long.removeprefix("--").split(".")[0] in sections
+    ]
+    return "short forms: " + ", ".join(forms)
 
 
 def settings_of(args: argparse.Namespace, **overrides: Any) -> Settings:
@@ -73,6 +97,10 @@ def settings_of(args: argparse.Namespace, **overrides: Any) -> Settings:
         raise settings_error(e) from None
     except OSError as e:
         raise UsageError(str(e)) from None
+    except SettingsError as e:  # a flag's value its type cannot parse (KEY=VALUE lists)
+        raise UsageError(f"invalid settings: {e} (see --help for the flag's form)") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"{args.config}: not valid TOML: {e}") from None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -80,10 +108,11 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from kascade.dataflow.runner import run
 
     settings = settings_of(args, **({"kafka": {"tail": False}} if args.bounded else {}))
-    model = prepare(settings)  # a bad model or cascade fails before Kafka is touched
-    # The model verified above goes to the flow (and to worker processes) as it is, so its
-    # files are hashed once per run, not once more per process.
-    return run(settings, functools.partial(build_flow, model=model))
+    prepared = prepare(settings)  # a bad model or cascade fails before Kafka is touched
+    # What was verified above goes to the flow (and to worker processes) as it is: the
+    # model's files are hashed and the cascade checked once per job, not once per process.
+    build = functools.partial(build_flow, prepared=prepared)
+    return run(settings, build, describe=prepared.describe(settings))
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
@@ -101,8 +130,6 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 def _cmd_sample(args: argparse.Namespace) -> int:
     from kascade.dataflow.sample import sample
 
-    if args.count < 1:
-        raise UsageError("--count must be at least 1")
     settings = settings_of(args)
     got = sample(settings, args.count, args.out)
     langs = ", ".join(f"{lang} {n}" for lang, n in sorted(got.by_language.items()))
@@ -116,9 +143,13 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_settings(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", type=Path, help="TOML settings file (flags and env win)")
-    p.set_defaults(settings_flags=add_settings_flags(p))
+def _with_settings(p: argparse.ArgumentParser, sections: tuple[str, ...] | None = None) -> None:
+    """``--config`` and the flags of the settings in ``sections`` (all when None): a
+    command offers only the settings it reads."""
+    p.add_argument(
+        "--config", type=Path, help="TOML settings file; flags and the environment win over it"
+    )
+    p.set_defaults(settings_flags=add_settings_flags(p, sections))
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -135,18 +166,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "sample",
         help="draw calibration text from the input topic, read as kascade run reads it",
-        epilog=_short_forms_epilog(),
+        epilog=_short_forms_epilog(SAMPLE_SETTINGS),
     )
-    p.add_argument("--count", type=int, default=2000, help="texts to write (default 2000)")
+    p.add_argument("--count", type=positive, default=2000, help="texts to write (default: 2000)")
     p.add_argument("--out", type=Path, required=True, help="JSON lines file for calibrate")
-    _with_settings(p)
+    _with_settings(p, SAMPLE_SETTINGS)
     p.set_defaults(func=_cmd_sample)
 
     p = sub.add_parser(
         "topics",
         help="create the input, output and dead-letter topics",
-        epilog=_short_forms_epilog(),
+        epilog=_short_forms_epilog(TOPICS_SETTINGS),
     )
-    p.add_argument("--partitions", type=int, default=2, help="partitions of each new topic")
-    _with_settings(p)
+    p.add_argument(
+        "--partitions",
+        type=positive,
+        default=2,
+        help="partitions of each topic it creates (default: 2); existing topics are left as"
+        " they are",
+    )
+    _with_settings(p, TOPICS_SETTINGS)
     p.set_defaults(func=_cmd_topics)

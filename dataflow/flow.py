@@ -7,6 +7,7 @@ that receives the original bytes and the reason for anything the flow could not 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError
@@ -151,7 +152,41 @@ def document_stop(settings: Settings, model: Loaded, cascade: Cascade | None) ->
     return None
 
 
-def prepare(settings: Settings) -> Loaded:
+@dataclass(frozen=True)
+class Prepared:
+    """A run's verified model, and what it will do with it."""
+
+    model: Loaded
+    cascade: CascadeUse
+    in_force: Cascade | None  # the cascade the run serves (None: every chunk, full model)
+    stop: StopRule | None  # None: documents are read to the end
+
+    def describe(self, settings: Settings) -> str:
+        """The line a job starts with: where it reads and writes, what it serves, how."""
+        k, m = settings.kafka, self.model.manifest
+        reading = "every chunk" if self.stop is None else f"until {self.stop.describe()}"
+        processes = (
+            f"process {settings.process_id} of {len(settings.hosts)} hosts"
+            if settings.hosts is not None
+            else f"{settings.workers} worker process{'es' if settings.workers > 1 else ''}"
+        )
+        parts = [
+            f"kafka {k.brokers}: {k.input_topic} -> {k.output_topic}"
+            f" (dead letters -> {k.dead_letter_topic}, {'tailing' if k.tail else 'to the end'})",
+            f"model {self.model.directory} ({m.variant}, {len(m.labels)} labels)",
+            f"cascade {self.cascade.value}, reading {reading}",
+            f"{processes} x {settings.encoder.threads} thread"
+            + ("s" if settings.encoder.threads > 1 else ""),
+            f"delivery {settings.delivery.value}",
+        ]
+        if settings.recovery_dir is not None:
+            parts.append(f"recovery {settings.recovery_dir}")
+        if settings.metrics_port is not None:
+            parts.append(f"metrics http://{settings.metrics_host}:{settings.metrics_port}/metrics")
+        return "running: " + "; ".join(parts)
+
+
+def prepare(settings: Settings) -> Prepared:
     """The verified model of a run, after every check that needs no broker: the model
     directory against its manifest, the chunk size against the model, the cascade."""
     if settings.model_dir is None:
@@ -164,8 +199,8 @@ def prepare(settings: Settings) -> Loaded:
             f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
             f" {model.manifest.max_length}"
         )
-    document_stop(settings, model, cascade_use(settings, model)[1])
-    return model
+    use, in_force = cascade_use(settings, model)
+    return Prepared(model, use, in_force, document_stop(settings, model, in_force))
 
 
 def _record_audit(_step: str, result: ChunkResult) -> None:
@@ -186,15 +221,15 @@ def watch_the_bound(settings: Settings, cascade: Cascade) -> None:
     guarantee.install(Guard(watch, suspend=suspend))
 
 
-def build_flow(settings: Settings, model: Loaded | None = None) -> Dataflow:
+def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow:
     """The classifying flow: Kafka -> chunks -> full model on any worker -> per-document
     label -> Kafka, with dead letters for what cannot be read or is too long.
 
-    ``model`` is what :func:`prepare` returned; by default it is prepared here.
+    ``prepared`` is what :func:`prepare` returned for ``settings`` (checked once per job,
+    so its warnings are said once); by default it is prepared here.
     """
-    model = model or prepare(settings)
-    use, in_force = cascade_use(settings, model)
-    stop = document_stop(settings, model, in_force)
+    prepared = prepared or prepare(settings)
+    model, use, in_force, stop = prepared.model, prepared.cascade, prepared.in_force, prepared.stop
     labeling = Labeling(
         labels=model.manifest.labels,
         aggregation=settings.aggregation,

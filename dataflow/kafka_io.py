@@ -143,7 +143,11 @@ def accepted_record_bytes(settings: KafkaSettings, topics: Iterable[str]) -> int
 
 
 def create_topics(settings: KafkaSettings, topics: dict[str, int]) -> list[str]:
-    """Create the topics that do not exist yet (name -> partitions); returns those created."""
+    """Create the topics that do not exist yet (name -> partitions); returns those created.
+
+    Raises :class:`UsageError` for settings or a request the cluster refuses (an unknown
+    property, too few partitions), :class:`KafkaUnavailable` for anything else."""
+    check_client_config(settings)
     timeout = settings.connect_timeout_s
     admin = AdminClient(client_config(settings))
     existing = _cluster_metadata(admin, settings).topics
@@ -160,9 +164,24 @@ def create_topics(settings: KafkaSettings, topics: dict[str, int]) -> list[str]:
             future.result(timeout=timeout)
             created.append(name)
         except KafkaException as e:
-            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise
+            error: KafkaError = e.args[0]
+            if error.code() == KafkaError.TOPIC_ALREADY_EXISTS:
+                continue
+            refused = f"cannot create topic {name}: {error.str()}"
+            if error.code() in _REFUSED_REQUESTS:
+                raise UsageError(refused) from None
+            raise KafkaUnavailable(refused) from None
     return created
+
+
+# What the cluster answers to a topic request that cannot work as given.
+_REFUSED_REQUESTS = {
+    KafkaError.INVALID_PARTITIONS,
+    KafkaError.INVALID_REPLICATION_FACTOR,
+    KafkaError.TOPIC_EXCEPTION,
+    KafkaError.INVALID_CONFIG,
+    KafkaError.POLICY_VIOLATION,
+}
 
 
 def fresh_topics(brokers: str, prefix: str, *, partitions: int = 2) -> KafkaSettings:
@@ -282,6 +301,8 @@ class ByteBudgetSource(FixedPartitionedSource[SourceItem, int | None]):
         self, step_id: str, for_part: str, resume_state: int | None
     ) -> _ByteBudgetPartition:
         inner = self._kafka.build_part(step_id, for_part, resume_state)
+        start = "the beginning" if resume_state is None else f"offset {resume_state} (snapshot)"
+        log.info("reading partition %s from %s", for_part, start)
         return _ByteBudgetPartition(inner, self._max_bytes)
 
 

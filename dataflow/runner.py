@@ -14,6 +14,8 @@ import os
 import signal
 import tempfile
 import threading
+import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
@@ -22,13 +24,19 @@ from bytewax.dataflow import Dataflow
 from bytewax.errors import BytewaxRuntimeError
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
+from kascade.dataflow import supervisor
 from kascade.dataflow.exactly_once import record_start
 from kascade.dataflow.kafka_io import DRAIN, accepted_record_bytes, check_cluster
 from kascade.dataflow.supervisor import supervise
+from kascade.operators import metrics
 from kascade.operators.registry import check_registry
 from kascade.schemas.settings import Delivery, Settings
 
+from kascade.logs import LIFECYCLE_LOGGER
+
 log = logging.getLogger(__name__)
+# What a job runs and what it did: said even at the default level (kascade.logs).
+lifecycle = logging.getLogger(LIFECYCLE_LOGGER)
 
 FlowBuilder = Callable[[Settings], Dataflow]
 
@@ -98,7 +106,8 @@ def run_process(
         if DRAIN.is_set():
             stopped.set()
             signal.default_int_handler(signum, frame)
-        log.warning("draining: no new records are read; a second signal stops at once")
+        if not supervisor.is_worker():  # a supervisor says it once, for all its workers
+            log.warning("draining: no new records are read; a second signal stops at once")
         DRAIN.set()
 
     for s in (signal.SIGINT, signal.SIGTERM):
@@ -118,7 +127,7 @@ def run_process(
         log.warning("stopped by a signal")
 
 
-def run(settings: Settings, build: FlowBuilder) -> int:
+def run(settings: Settings, build: FlowBuilder, *, describe: str | None = None) -> int:
     """Check the cluster and the Schema Registry (raises
     :class:`~kascade.dataflow.kafka_io.KafkaUnavailable`,
     :class:`~kascade.operators.registry.RegistryUnavailable`), then run.
@@ -128,6 +137,7 @@ def run(settings: Settings, build: FlowBuilder) -> int:
     id); otherwise ``settings.workers`` processes run here; both under the supervisor
     unless a single process without recovery runs here. Blocks until the flow ends:
     at the end of the input when ``kafka.tail`` is false, otherwise until interrupted.
+    Says what it runs (``describe``) once the checks passed, and what it did when it stops.
     Returns a process exit status.
     """
     check_cluster(settings.kafka, required_topics(settings))
@@ -135,8 +145,23 @@ def run(settings: Settings, build: FlowBuilder) -> int:
     settings = with_record_limit(settings)
     if settings.delivery is Delivery.EXACTLY_ONCE and settings.recovery_dir is not None:
         record_start(settings.kafka, settings.recovery_dir)  # before the store exists
+    if describe is not None:
+        lifecycle.info("%s", describe)
+    began = time.monotonic()
     if settings.hosts is None and settings.workers == 1 and settings.recovery_dir is None:
         run_process(settings, build)
-        return 0
-    recovery_config(settings)  # create the store once, before the workers race for it
-    return supervise(settings, build)
+        totals = Counter(metrics.totals())
+    else:
+        recovery_config(settings)  # create the store once, before the workers race for it
+        totals = supervise(settings, build)
+    labeled, dead = totals["labeled"], totals["dead_letters"]
+    lifecycle.info(
+        "stopped after %.1f s: %d document%s labeled (%d degraded), %d dead letter%s",
+        time.monotonic() - began,
+        labeled,
+        "" if labeled == 1 else "s",
+        totals["degraded"],
+        dead,
+        "" if dead == 1 else "s",
+    )
+    return 0

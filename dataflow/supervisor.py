@@ -16,6 +16,7 @@ deaths the restarted flow dead-letters it instead of dying on it again.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import pickle
@@ -25,8 +26,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bytewax.dataflow import Dataflow
@@ -44,7 +46,9 @@ from kascade.operators import inflight
 from kascade.schemas.quarantine import Quarantine, Suspect
 from kascade.schemas.settings import Settings
 
+from kascade import logs
 from kascade.errors import KascadeError
+from kascade.logs import LogConfig
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +61,8 @@ FATAL_EXIT = 3
 PEER_LOST_EXIT = 4
 # The line a worker prints once its dataflow is connected to every peer.
 JOINED_MARK = "kascade: joined"
+# The line a worker prints as it exits: what it labeled and dead-lettered (JSON).
+TOTALS_MARK = "kascade: totals "
 # How long workers get to finish what they hold after SIGTERM/SIGINT.
 DRAIN_S = 30.0
 # How long a cluster may take to form before the supervisor says whom it waits for.
@@ -79,6 +85,11 @@ def in_worker() -> None:
     _in_worker.set()
 
 
+def is_worker() -> bool:
+    """Whether this process is one of a supervisor's workers."""
+    return _in_worker.is_set()
+
+
 def announce_joined() -> None:
     """Tell the supervisor this worker's dataflow runs. Bytewax builds a dataflow only
     once every peer is connected, so the flow's source calls this when it is built; in a
@@ -99,6 +110,7 @@ class Orders:
     build: Callable[[Settings], Dataflow]
     restarts: int  # so far in this job, for the metric
     supervisor_pid: int  # a worker outlives its supervisor by no more than a moment
+    logs: LogConfig  # the level and format the command line chose
 
 
 @dataclass(frozen=True)
@@ -131,11 +143,15 @@ class Ending:
     cause: str | None = None  # None: every worker finished
     fatal: bool = False
     suspect: Suspect | None = None
+    # What the workers that exited (not those killed) labeled and dead-lettered.
+    totals: Counter[str] = field(default_factory=Counter)
 
 
-def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> int:
-    """Run this host's worker processes until the flow ends; exit status 0, or raises
-    :class:`WorkerFailed` with the first failure's cause."""
+def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> Counter[str]:
+    """Run this host's worker processes until the flow ends, or raise
+    :class:`WorkerFailed` with the first failure's cause. Returns what the workers
+    labeled and dead-lettered (as :func:`kascade.operators.metrics.totals` counts), over
+    every start, less what workers that were killed had done."""
     r = settings.restarts
     layout = Layout.of(settings)
     stopping = threading.Event()
@@ -154,6 +170,9 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> int:
         # one: a process that stopped reading alone would leave its peers waiting on it.
         first = not stopping.is_set()
         stop()
+        if first:
+            # Said here once, not by each worker: they drain on the signal passed on.
+            log.warning("draining: no new records are read; a second signal stops at once")
         if first and layout.peers:
             log.warning("draining: asking the cluster's other processes to drain too")
             threading.Thread(target=_drain_peers, args=(layout.peers,), daemon=True).start()
@@ -170,11 +189,13 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> int:
     previous = {s: signal.signal(s, signalled) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         restarts, wait = 0, r.backoff_s
+        totals: Counter[str] = Counter()
         while True:
             began = time.monotonic()
             ending = _start_once(settings, build, layout, restarts, running, stopping, control)
+            totals += ending.totals
             if ending.cause is None:
-                return 0
+                return totals
             if time.monotonic() - began >= r.healthy_after_s:
                 restarts, wait = 0, r.backoff_s
             if settings.recovery_dir is None or ending.fatal or stopping.is_set():
@@ -194,7 +215,7 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> int:
                 r.limit,
             )
             if stopping.wait(wait):
-                return 0  # stopped during the backoff: nothing was in flight
+                return totals  # stopped during the backoff: nothing was in flight
             wait = min(wait * 2, r.backoff_max_s)
     finally:
         for s, h in previous.items():
@@ -236,7 +257,7 @@ def _start_once(
             old.unlink()
     addresses = layout.addresses()
     # Secrets travel by pipe, never in argv or the environment.
-    payload = pickle.dumps(Orders(settings, build, restarts, os.getpid())).hex()
+    payload = pickle.dumps(Orders(settings, build, restarts, os.getpid(), logs.current())).hex()
     running.clear()
     for i in layout.ids:
         p = subprocess.Popen(
@@ -297,7 +318,9 @@ def _start_once(
         time.sleep(0.2)
     relay.join()
     failed = [i for i, p in procs.items() if p.returncode]
-    return _failure(procs, failed, relay, notes, layout.peers) if failed else Ending()
+    if failed:
+        return _failure(procs, failed, relay, notes, layout.peers)
+    return Ending(totals=relay.totals())
 
 
 def _missing(peers: list[Peer], relay: _Relay) -> str:
@@ -326,9 +349,10 @@ def _failure(
     code = procs[index].returncode
     if code == PEER_LOST_EXIT:
         # Not this host's fault: no record is suspected, and the peers say who is gone.
-        return Ending(_lost(peers) if peers else _cause(relay, index, code))
+        cause = _lost(peers) if peers else _cause(relay, index, code)
+        return Ending(cause, totals=relay.totals())
     suspect = None if notes is None else inflight.read(notes / str(index))
-    return Ending(_cause(relay, index, code), code == FATAL_EXIT, suspect)
+    return Ending(_cause(relay, index, code), code == FATAL_EXIT, suspect, relay.totals())
 
 
 def _lost(peers: list[Peer]) -> str:
@@ -370,6 +394,7 @@ class _Relay:
         self._causes: dict[int, str] = {}
         self._joined: set[int] = set()
         self._retry: str | None = None
+        self._totals: Counter[str] = Counter()
         self._threads = [
             threading.Thread(target=self._pump, args=(i, p), daemon=True) for i, p in procs.items()
         ]
@@ -383,6 +408,9 @@ class _Relay:
                 if line.startswith(JOINED_MARK):
                     self._joined.add(index)
                     continue
+                if line.startswith(TOTALS_MARK):
+                    self._totals.update(json.loads(line.removeprefix(TOTALS_MARK)))
+                    continue
                 if _TIMELY_RETRY.search(line):
                     self._retry = line.strip()
                     continue
@@ -393,6 +421,10 @@ class _Relay:
                     continue  # the supervisor reports it, once
                 if self._first is None or self._first == index:
                     sys.stderr.write(line)
+
+    def totals(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self._totals)
 
     def joined(self) -> set[int]:
         with self._lock:

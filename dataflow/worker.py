@@ -9,7 +9,7 @@ process).
 from __future__ import annotations
 
 import ctypes
-import logging
+import json
 import os
 import pickle
 import signal
@@ -22,11 +22,13 @@ from kascade.dataflow.supervisor import (
     FAILURE_MARK,
     FATAL_EXIT,
     PEER_LOST_EXIT,
+    TOTALS_MARK,
     Orders,
     notes_dir,
 )
 from kascade.operators import inflight, metrics
 
+from kascade import logs
 from kascade.errors import kascade_error_in
 
 
@@ -54,11 +56,10 @@ def main() -> int:
             file=sys.stderr,
         )
         return 2
-    logging.basicConfig(level=logging.WARNING)
-    logging.getLogger("kascade.rdkafka").setLevel(logging.ERROR)
     orders: Orders = pickle.loads(bytes.fromhex(sys.stdin.read()))
     _die_with(orders.supervisor_pid)
     index = int(sys.argv[1])
+    logs.configure(orders.logs, worker=index)
     settings = orders.settings
     metrics.RESTARTS.set(orders.restarts)
     supervisor.in_worker()
@@ -67,6 +68,7 @@ def main() -> int:
     try:
         run_process(settings, orders.build, process_id=index, addresses=sys.argv[2].split(";"))
     except BaseException as e:
+        _report_totals()
         if _lost_a_peer(e):
             print(f"{FAILURE_MARK}{index}: lost its connection to a peer", file=sys.stderr)
             return PEER_LOST_EXIT
@@ -79,7 +81,12 @@ def main() -> int:
             traceback.print_exc()
             return 1
         return FATAL_EXIT
+    _report_totals()
     return 0
+
+
+def _report_totals() -> None:
+    print(f"{TOTALS_MARK}{json.dumps(metrics.totals())}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -159,7 +159,7 @@ class Guard:
         )
         log.error(
             "cascade guarantee violated%s: the cheap stages disagreed with the full model"
-            " on %.1f%% of %d audited chunks, above the certified epsilon %.1f%% (confidence"
+            " on %.3g%% of %d audited chunks, above the certified epsilon %g%% (confidence"
             " %g%%); %s; recalibrate on a sample of this stream (kascade sample)",
             where,
             100 * fired.rate,

@@ -49,3 +49,24 @@ RESTARTS = Gauge(
     "kascade_worker_restarts",
     "Times the supervisor restarted this run's worker processes from the last snapshot",
 )
+
+
+def totals() -> dict[str, int]:
+    """What this process labeled and dead-lettered, for the line ``kascade run`` prints
+    when it stops: ``labeled`` (of them ``degraded``) and ``dead_letters``.
+
+    >>> sorted(totals())
+    ['dead_letters', 'degraded', 'labeled']
+    """
+    counts = {"labeled": 0, "degraded": 0, "dead_letters": 0}
+    for metric in (*DOCS_OUT.collect(), *DEAD_LETTERS.collect()):
+        for sample in metric.samples:
+            if not sample.name.endswith("_total"):
+                continue  # the _created timestamps
+            n = int(sample.value)
+            if metric.name == "kascade_dead_letters":
+                counts["dead_letters"] += n
+            else:
+                counts["labeled"] += n
+                counts["degraded"] += n if sample.labels.get("degraded") == "true" else 0
+    return counts

@@ -12,7 +12,7 @@ from __future__ import annotations
 from kascade.schemas.records import Aggregation
 from pydantic import BaseModel, ConfigDict, Field
 
-from kascade.errors import KascadeError
+from kascade.errors import UsageError
 
 CASCADE_FILE = "cascade.json"
 # The guarantee kascade calibrate certifies unless told otherwise.
@@ -23,7 +23,7 @@ CASCADE_VERSION = 3
 READABLE_VERSIONS = (2, 3)
 
 
-class CascadeMismatch(KascadeError):
+class CascadeMismatch(UsageError):
     """A ``cascade.json`` that cannot serve this run (missing, stale, other chunking)."""
 
 

@@ -158,10 +158,16 @@ class RegistrySettings(BaseModel):
     url: str | None = Field(
         default=None, description="Base URL, e.g. http://registry:8081 (none: no registry)."
     )
-    basic_auth_user: str | None = None
+    basic_auth_user: str | None = Field(
+        default=None,
+        description="User for HTTP basic auth (its password: KASCADE_REGISTRY__BASIC_AUTH_PASSWORD"
+        " or the config file, never a flag).",
+    )
     # Not a flag: a secret in argv is visible to every user of the host (ps).
     basic_auth_password: CliSuppress[SecretStr | None] = None
-    ssl_ca_location: str | None = None
+    ssl_ca_location: str | None = Field(
+        default=None, description="PEM file of the CA that signed the registry's certificate."
+    )
     subject_name_strategy: SubjectStrategy = Field(
         default="topic",
         description="Subject of the output schema: topic: <topic>-value; record: the"

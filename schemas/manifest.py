@@ -21,7 +21,7 @@ from typing import Any
 from kascade.schemas.files import write_text_atomically
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kascade.errors import KascadeError
+from kascade.errors import KascadeError, UsageError
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1
@@ -144,7 +144,7 @@ def read_manifest(directory: Path, *, verify: bool = True) -> tuple[ModelManifes
     """The manifest and its sha256; with ``verify``, every listed file's hash is checked."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
-        raise ManifestMismatch(f"{directory} is not a kascade model directory (no {MANIFEST})")
+        raise UsageError(f"{directory} is not a kascade model directory (no {MANIFEST})")
     raw = path.read_bytes()
     manifest = ModelManifest.model_validate(json.loads(raw))
     if manifest.format_version != FORMAT_VERSION:

@@ -17,13 +17,22 @@ from __future__ import annotations
 import argparse
 import os
 from contextvars import ContextVar
-from enum import StrEnum
+from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from kascade.schemas.events import InputSettings, OutputSettings, RegistrySettings, check_formats
 from kascade.schemas.records import Aggregation
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    create_model,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
 from pydantic_settings import (
     BaseSettings,
     CliSettingsSource,
@@ -32,6 +41,8 @@ from pydantic_settings import (
     SettingsConfigDict,
     TomlConfigSettingsSource,
 )
+
+from kascade.errors import UsageError
 
 S = TypeVar("S", bound=BaseSettings)
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -43,21 +54,50 @@ class KafkaSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    brokers: str = Field(default="127.0.0.1:9092", min_length=1)
-    input_topic: str = Field(default="kascade-text-in", min_length=1)
-    output_topic: str = Field(default="kascade-labels-out", min_length=1)
-    dead_letter_topic: str = Field(default="kascade-dead-letter", min_length=1)
-    security_protocol: SecurityProtocol = "PLAINTEXT"
-    sasl_mechanism: SaslMechanism | None = None
-    sasl_username: str | None = None
+    brokers: str = Field(
+        default="127.0.0.1:9092",
+        min_length=1,
+        description="Bootstrap servers, comma-separated host:port.",
+    )
+    input_topic: str = Field(
+        default="kascade-text-in", min_length=1, description="Topic the text records are read from."
+    )
+    output_topic: str = Field(
+        default="kascade-labels-out", min_length=1, description="Topic the labels go to."
+    )
+    dead_letter_topic: str = Field(
+        default="kascade-dead-letter",
+        min_length=1,
+        description="Topic for records that could not be labeled, with the reason and the"
+        " original bytes.",
+    )
+    security_protocol: SecurityProtocol = Field(
+        default="PLAINTEXT", description="How clients talk to the brokers (SASL_*: log in)."
+    )
+    sasl_mechanism: SaslMechanism | None = Field(
+        default=None, description="With a SASL protocol: how to log in."
+    )
+    sasl_username: str | None = Field(
+        default=None,
+        description="With a SASL protocol: the user (its password: the environment variable"
+        " KASCADE_KAFKA__SASL_PASSWORD or the config file, never a flag).",
+    )
     # Not a flag: a password in argv is visible to every user of the host (ps).
     sasl_password: CliSuppress[SecretStr | None] = None
-    ssl_ca_location: Path | None = None
+    ssl_ca_location: Path | None = Field(
+        default=None, description="PEM file of the CA that signed the brokers' certificates."
+    )
     extra: dict[str, str] = Field(
         default_factory=dict,
         description="Further librdkafka properties, passed through unchanged.",
     )
-    connect_timeout_s: float = Field(default=15.0, gt=0, le=600)
+    connect_timeout_s: float = Field(
+        default=15.0,
+        gt=0,
+        le=600,
+        description="How long the checks at start wait for the cluster before saying it is"
+        " unreachable.",
+    )
     outage_tolerance_s: float = Field(
         default=300.0,
         gt=0,
@@ -176,7 +216,10 @@ class ChunkSettings(BaseModel):
     )
     overlap: int = Field(default=32, ge=0, description="Tokens shared by consecutive chunks.")
     max_chunks: int = Field(
-        default=256, ge=1, description="Longer documents are dead-lettered as too_long."
+        default=256,
+        ge=1,
+        description="Most chunks read of one document: a longer one is labeled if its"
+        " certified stop comes within them, dead-lettered as too_long otherwise.",
     )
 
     @model_validator(mode="after")
@@ -264,7 +307,9 @@ class RestartSettings(BaseModel):
     backoff_s: float = Field(
         default=1.0, gt=0, le=3600, description="Wait before the first restart; doubles."
     )
-    backoff_max_s: float = Field(default=60.0, gt=0, le=3600)
+    backoff_max_s: float = Field(
+        default=60.0, gt=0, le=3600, description="The longest wait between restarts."
+    )
     healthy_after_s: float = Field(
         default=300.0, gt=0, description="A run this long resets the count and the wait."
     )
@@ -315,13 +360,23 @@ class Settings(BaseSettings):
     model_dir: Path | None = Field(default=None, description="Model directory to serve.")
     chunking: ChunkSettings = Field(default_factory=ChunkSettings)
     encoder: EncoderSettings = Field(default_factory=EncoderSettings)
-    aggregation: Aggregation = Aggregation.TOKEN_MEAN
+    aggregation: Aggregation = Field(
+        default=Aggregation.TOKEN_MEAN,
+        description="How a document's chunk scores make its label: token_mean (scores"
+        " weighted by tokens), max (the most confident chunk), majority (chunk votes).",
+    )
     cascade: CascadeSettings = Field(default_factory=CascadeSettings)
     workers: int = Field(default=1, ge=1, le=256, description="Worker processes on this host.")
     recovery_dir: Path | None = Field(
         default=None, description="Bytewax recovery store; enables resuming after a crash."
     )
-    snapshot_interval_s: float = Field(default=5.0, gt=0, le=3600)
+    snapshot_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=3600,
+        description="With recovery_dir: how often state is snapshotted (what a crash reads"
+        " again at most).",
+    )
     delivery: Delivery = Field(
         default=Delivery.EXACTLY_ONCE,
         description="exactly_once: each input record's result once, across any crash or"
@@ -420,19 +475,26 @@ class Settings(BaseSettings):
 _config_file: ContextVar[Path | None] = ContextVar("kascade_config_file", default=None)
 
 
-def add_settings_flags(parser: argparse.ArgumentParser) -> CliSettingsSource[Settings]:
-    """One flag per setting on ``parser``, with the field's type, default and description.
+def add_settings_flags(
+    parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None
+) -> CliSettingsSource[Settings]:
+    """One flag per setting on ``parser`` (only those of ``sections``, top-level names of
+    :class:`Settings`, when given), with the field's type, default and description.
 
     Parse with the parser, then pass ``source(parsed_args=namespace)`` to
-    :func:`load_settings` as ``flags``.
+    :func:`load_settings` as ``flags``: the settings not offered keep their other sources.
     """
-    return flags_for(Settings, parser)
+    if sections is None:
+        return flags_for(Settings, parser)
+    fields = {n: (Settings.model_fields[n].annotation, Settings.model_fields[n]) for n in sections}
+    subset = create_model("CommandSettings", __base__=BaseSettings, **fields)  # type: ignore[call-overload]
+    return flags_for(subset, parser)
 
 
 def flags_for(model: type[S], parser: argparse.ArgumentParser) -> CliSettingsSource[S]:
     """One flag per field of the settings class ``model`` on ``parser``, spelled the way
     every kascade command spells them (kebab case, dotted sections, ``--no-`` for off)."""
-    return CliSettingsSource(
+    source = CliSettingsSource(
         model,
         root_parser=parser,
         cli_kebab_case=True,
@@ -441,6 +503,70 @@ def flags_for(model: type[S], parser: argparse.ArgumentParser) -> CliSettingsSou
         cli_hide_none_type=True,
         cli_use_class_docs_for_groups=True,
     )
+    for action in parser._actions:
+        field = _field_at(model, action.dest)
+        if field is not None and action.help != argparse.SUPPRESS:
+            action.help, metavar = describe_flag(field)
+            action.metavar = metavar or action.metavar
+    return source
+
+
+def _field_at(model: type[BaseModel], dest: str) -> FieldInfo | None:
+    field = None
+    for name in dest.split("."):
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return None
+        field = model.model_fields.get(name)
+        if field is None:
+            return None
+        model = field.annotation  # type: ignore[assignment]
+    return field
+
+
+def describe_flag(field: FieldInfo) -> tuple[str, str | None]:
+    r"""A flag's help (its description and true default, values as the flag takes them)
+    and its metavar where pydantic-settings' is not what to type.
+
+    >>> describe_flag(Settings.model_fields["aggregation"])[1]
+    '{token_mean,max,majority}'
+    >>> print(describe_flag(InputSettings.model_fields["separator"])[0])
+    Between the texts of several paths. (default: '\n\n')
+    >>> describe_flag(KafkaSettings.model_fields["extra"])
+    ('Further librdkafka properties, passed through unchanged. (default: none)', 'KEY=VALUE,...')
+    """
+    default = field.get_default(call_default_factory=True)
+    kinds = [a for a in (field.annotation, *get_args(field.annotation)) if a is not type(None)]
+    enum = next((k for k in kinds if isinstance(k, type) and issubclass(k, Enum)), None)
+    metavar = None
+    if enum is not None:
+        metavar = "{" + ",".join(str(m.value) for m in enum) + "}"
+    elif any(get_origin(k) is dict for k in kinds):
+        metavar = "KEY=VALUE,..."
+    elif any(get_origin(k) is list for k in kinds):
+        metavar = "VALUE,..."
+    if isinstance(default, Enum):
+        shown = str(default.value)
+    elif default is None or default == {} or default == []:
+        shown = "none"
+    elif isinstance(default, bool):
+        shown = str(default).lower()
+    elif isinstance(default, list):
+        shown = ",".join(map(str, default))
+    elif isinstance(default, str) and (not default.strip() or default != default.strip()):
+        shown = repr(default)
+    else:
+        shown = str(default)
+    text = f"{field.description or ''} (default: {shown})".strip()
+    return text.replace("%", "%%"), metavar
+
+
+def settings_error(e: ValidationError) -> UsageError:
+    """The first problem of invalid settings, as one line."""
+    first = e.errors(include_url=False)[0]
+    where = ".".join(str(p) for p in first["loc"])
+    # A validator's own message needs no "Value error, " in front of it.
+    message = first["msg"].removeprefix("Value error, ")
+    return UsageError(f"invalid settings: {where + ': ' if where else ''}{message}")
 
 
 def load_settings(

@@ -17,7 +17,7 @@ MARK = "KILL-THIS-WORKER"
 _REAL_BUILD = flow.build_flow  # before __main__ replaces it
 
 
-def build(settings, model=None):
+def build(settings, prepared=None):
     real = chunking.chunk_text
 
     def chunk_text(text: str, *args, **kwargs):
@@ -26,7 +26,7 @@ def build(settings, model=None):
         return real(text, *args, **kwargs)
 
     chunking.chunk_text = chunk_text
-    return _REAL_BUILD(settings, model)
+    return _REAL_BUILD(settings, prepared)
 
 
 if __name__ == "__main__":

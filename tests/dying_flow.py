@@ -68,10 +68,10 @@ POINTS = {
 }
 
 
-def build(settings, model=None):
+def build(settings, prepared=None):
     for install in POINTS.values():
         install()
-    return _REAL_BUILD(settings, model)
+    return _REAL_BUILD(settings, prepared)
 
 
 if __name__ == "__main__":

@@ -16,8 +16,9 @@ from kascade.schemas import CascadeUse, OutputRecord
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, CascadeSpec
 from kascade.schemas.manifest import read_manifest
 from kascade.schemas.settings import KafkaSettings, Settings
-from kascade.toolchain import ToolchainError
 from kascade.toolchain.calibrate import CalibrationTooSmall, calibrate
+
+from kascade.errors import UsageError
 
 
 def test_calibration_writes_heads_and_a_certified_point_bound_to_the_model(
@@ -38,7 +39,7 @@ def test_calibration_writes_heads_and_a_certified_point_bound_to_the_model(
 def test_calibration_refuses_a_language_list_that_does_not_match_the_texts(
     exported: dict[str, Path],
 ) -> None:
-    with pytest.raises(ToolchainError, match="2 languages for 3 calibration texts"):
+    with pytest.raises(UsageError, match="2 languages for 3 calibration texts"):
         calibrate(exported["modernbert"], texts(3), languages=["de", "ja"])
 
 
@@ -58,7 +59,7 @@ def test_too_little_calibration_text_is_refused_with_the_numbers(
     f = tmp_path / "few.txt"
     f.write_text("\n".join(texts(50)))
     r = kascade_cli("calibrate", "--model", str(d), "--texts", str(f), timeout=300)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert len(r.stderr.strip().splitlines()) == 1 and "calibration chunks" in r.stderr
 
 
@@ -91,7 +92,7 @@ def test_asking_for_the_cascade_without_a_calibration_is_a_one_line_error(
     exported: dict[str, Path],
 ) -> None:
     r = kascade_cli("run", "--model-dir", str(exported["bert"]), "--cascade", "on")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"kascade: {exported['bert']} has no cascade.json; run kascade calibrate"
     ]
@@ -99,7 +100,7 @@ def test_asking_for_the_cascade_without_a_calibration_is_a_one_line_error(
 
 def test_a_run_with_other_chunking_refuses_the_cascade_in_one_line(calibrated: Path) -> None:
     r = kascade_cli("run", "--model-dir", str(calibrated), "--chunk-tokens", "96", "--overlap", "8")
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "kascade: the cascade was certified on 64-token chunks with overlap 8; this run makes"
         " 96-token chunks with overlap 8: run with those chunking settings, run kascade"

@@ -24,7 +24,7 @@ def test_a_bad_flag_value_prints_one_line_and_exits_2() -> None:
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_an_invalid_setting_from_the_environment_is_one_line_and_exit_1() -> None:
+def test_an_invalid_setting_from_the_environment_is_one_line_and_exit_2() -> None:
     r = subprocess.run(
         [sys.executable, "-m", "kascade", "run", "--bounded"],
         capture_output=True,
@@ -32,7 +32,7 @@ def test_an_invalid_setting_from_the_environment_is_one_line_and_exit_1() -> Non
         timeout=60,
         env={"KASCADE_KAFKA__SECURITY_PROTOCOL": "SASL_SSL", "PATH": ""},
     )
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "kascade: invalid settings: kafka: SASL_SSL needs sasl_mechanism,"
         " sasl_username, sasl_password"

@@ -190,7 +190,7 @@ def test_certified_reading_without_a_certified_stop_is_a_one_line_error(
         "--cascade.reading",
         "certified",
     )
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"kascade: cascade.reading=certified: {d}/cascade.json has no certified document"
         " stop; run kascade calibrate --documents"

@@ -9,8 +9,9 @@ import pytest
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.operators.full_model import _classify_all
 from kascade.operators.items import ChunkTask, DocMeta
-from kascade.schemas.manifest import ManifestMismatch
 from tiny_models import CORPUS
+
+from kascade.errors import UsageError
 
 META = DocMeta(id="d", total_chunks=0, lang=None, metadata=None, timestamp_ms=None)
 
@@ -51,5 +52,5 @@ def test_a_failing_model_call_becomes_an_error_result_not_an_exception(
 
 
 def test_a_model_directory_without_a_manifest_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(ManifestMismatch, match="not a kascade model directory"):
+    with pytest.raises(UsageError, match="not a kascade model directory"):
         load_model_dir(tmp_path)

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 from helpers import kascade_cli
 from kascade.schemas.manifest import read_manifest
-from kascade.toolchain import ToolchainError
 from kascade.toolchain.data import Examples, read_examples
 from kascade.toolchain.evaluate import evaluate, macro_f1
 from kascade.toolchain.measure import run, tokenize
 from kascade.toolchain.quantize import PRESETS, quantize_dir
 from tiny_models import CORPUS, LABELS
+
+from kascade.errors import UsageError
 
 
 def test_macro_f1_matches_a_hand_count() -> None:
@@ -50,14 +51,14 @@ def test_evaluate_reports_accuracy_agreement_and_deltas_against_the_reference(
 
 
 def test_evaluate_rejects_labels_the_model_does_not_know(exported: dict[str, Path]) -> None:
-    with pytest.raises(ToolchainError, match="not known to the model: weather"):
+    with pytest.raises(UsageError, match="not known to the model: weather"):
         evaluate([], Examples(["x"], ["weather"]), reference=exported["bert"], memory=False)
 
 
 def test_an_unknown_label_column_is_named_with_the_columns_that_exist(tmp_path: Path) -> None:
     f = tmp_path / "d.tsv"
     f.write_text("text\tcategory\nhello\tsports\n")
-    with pytest.raises(ToolchainError, match="no column 'label'; its columns are text, category"):
+    with pytest.raises(UsageError, match="no column 'label'; its columns are text, category"):
         read_examples(f, label_column="label")
 
 

@@ -10,9 +10,10 @@ import pytest
 from helpers import kascade_cli
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas.manifest import ManifestMismatch, read_manifest
-from kascade.toolchain import ToolchainError
 from kascade.toolchain.checkpoint import load_classifier
 from kascade.toolchain.export import PARITY_TOLERANCE, export_checkpoint, parity
+
+from kascade.errors import UsageError
 
 ARCHS = ["modernbert", "bert"]
 
@@ -104,12 +105,22 @@ def test_every_weight_is_stored_once_and_the_graphs_share_it(
     assert stored <= (d / "weights.bin").stat().st_size < stored + 4096 * (len(where) + 1)
 
 
+def test_the_export_command_says_what_it_wrote_and_nothing_a_user_cannot_act_on(
+    checkpoints: dict[str, Path], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    r = kascade_cli("export", "--model", str(checkpoints["bert"]), "--out", str(out), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"wrote {out}: bert, ")
+    assert r.stderr == ""  # no exporter warnings (torchvision, dynamic axis names)
+
+
 def test_export_refuses_an_existing_output_directory(
     checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "exists"
     out.mkdir()
-    with pytest.raises(ToolchainError, match="already exists"):
+    with pytest.raises(UsageError, match="already exists"):
         export_checkpoint(str(checkpoints["bert"]), out, cascade_layer=2, max_length=None)
 
 
@@ -117,7 +128,7 @@ def test_a_failed_export_leaves_nothing_half_written(
     checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
     out = tmp_path / "never"
-    with pytest.raises(ToolchainError, match=r"cascade-layer"):
+    with pytest.raises(UsageError, match=r"cascade-layer"):
         export_checkpoint(str(checkpoints["bert"]), out, cascade_layer=9, max_length=None)
     assert list(tmp_path.iterdir()) == []
 
@@ -127,7 +138,7 @@ def test_a_checkpoint_without_a_classification_head_is_a_one_line_error(tmp_path
 
     base = tiny_bert(tmp_path / "base", head=False)
     r = kascade_cli("export", "--model", str(base), "--out", str(tmp_path / "out"), timeout=300)
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         f"kascade: {base} has no sequence-classification head; fine-tune it with kascade train"
     ]
@@ -152,6 +163,6 @@ def test_bad_checkpoints_get_a_one_line_error_naming_the_problem(
     ckpt = tmp_path / "ckpt"
     setup(ckpt)
     r = kascade_cli("export", "--model", str(ckpt), "--out", str(tmp_path / "out"))
-    assert r.returncode == 1
+    assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0]

@@ -58,6 +58,20 @@ def test_a_drifting_language_is_named_even_while_the_total_holds() -> None:
     assert not watch.languages["en"].violated
 
 
+def test_the_violation_line_keeps_the_precision_of_a_small_epsilon(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    guarantee.install(Guard(Watch(epsilon=0.0005, delta=0.01), suspend=False))
+    try:
+        with caplog.at_level(logging.ERROR, logger="kascade.operators.guarantee"):
+            for i in range(3000):
+                guarantee.audit(agree=i % 100 != 0, lang="en")  # 1% disagree
+        (line,) = [r.getMessage() for r in caplog.records]
+        assert "above the certified epsilon 0.05% (confidence 99%)" in line
+    finally:
+        guarantee.install(None)
+
+
 def test_a_violation_is_one_line_sets_the_gauge_and_suspends_the_cheap_stages(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -70,7 +84,7 @@ def test_a_violation_is_one_line_sets_the_gauge_and_suspends_the_cheap_stages(
         assert guarantee.suspended()
         (line,) = [r.getMessage() for r in caplog.records]
         assert line.startswith("cascade guarantee violated (most on language de: ")
-        assert "above the certified epsilon 2.0%" in line
+        assert "above the certified epsilon 2% (confidence 95%)" in line
         assert "every chunk goes to the full model from now on" in line
         state = metrics.GUARANTEE.labels("all", "violated")._value.get()
         assert state == 1.0 and metrics.GUARANTEE.labels("all", "holding")._value.get() == 0.0

@@ -16,7 +16,9 @@ FOLDERS = {
     "kascade.toolchain": ROOT / "toolchain",
     "kascade.demo": ROOT / "kascade" / "demo",
 }
-# What each part may import of kascade (besides itself and kascade.errors).
+# The base every part may use: the error classes, logging setup, flag value types.
+BASE = ("kascade.errors", "kascade.logs", "kascade.arguments")
+# What each part may import of kascade (besides itself and the base).
 ALLOWED = {
     "kascade.schemas": set(),
     "kascade.operators": {"kascade.schemas"},
@@ -33,9 +35,18 @@ def imports(path: Path) -> set[str]:
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module == "kascade":
+            names.update(f"kascade.{a.name}" for a in node.names)  # from kascade import logs
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
     return names
+
+
+def test_the_base_imports_nothing_else_of_kascade() -> None:
+    for module in BASE:
+        path = ROOT / "kascade" / f"{module.removeprefix('kascade.')}.py"
+        inner = {m for m in imports(path) if m.startswith("kascade.")}
+        assert inner <= set(BASE), (module, inner)
 
 
 def part_of(module: str) -> str | None:
@@ -50,7 +61,7 @@ def test_each_part_imports_only_the_parts_below_it(part: str) -> None:
             if other is not None and other != part:
                 assert other in ALLOWED[part], f"{path.relative_to(ROOT)} imports {module}"
             if module.startswith("kascade.") and other is None:
-                assert module in ("kascade.errors",) or part == "kascade.demo", (path, module)
+                assert module in BASE or part == "kascade.demo", (path, module)
 
 
 @pytest.mark.parametrize("part", RUNTIME)

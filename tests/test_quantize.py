@@ -20,6 +20,8 @@ from kascade.toolchain.quantize import (
 from kascade.toolchain.search import Budget, search
 from tiny_models import CORPUS, LABELS
 
+from kascade.errors import UsageError
+
 EXPECTED_OPS = {
     "fp32": {"gather_int4": False, "matmul_int8": False, "matmul_nbits": False},
     "int4emb": {"gather_int4": True, "matmul_int8": False, "matmul_nbits": False},
@@ -131,5 +133,5 @@ def test_the_budgeted_search_keeps_a_variant_that_meets_the_budget(
 
 
 def test_an_f1_budget_needs_labels(exported: dict[str, Path], tmp_path: Path) -> None:
-    with pytest.raises(ToolchainError, match="needs labeled"):
+    with pytest.raises(UsageError, match="needs labeled"):
         search(exported["bert"], tmp_path / "x", Examples(["a"], None), Budget(max_f1_drop=0.01))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -34,6 +35,40 @@ def test_two_worker_processes_classify_every_document(
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     assert sorted(output_ids(kafka_settings)) == sorted(d.id for d in docs)
+
+
+def test_a_run_says_what_it_runs_when_it_starts_and_what_it_did_when_it_stops(
+    kafka_settings: KafkaSettings, exported: dict[str, Path]
+) -> None:
+    docs = documents(20)
+    records = [(d.id.encode(), d.model_dump_json().encode()) for d in docs]
+    produce(kafka_settings, [*records, (b"bad", b"not json")])
+    proc = kascade_run(kafka_settings, exported["bert"], "--workers", "2", "--bounded")
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    lines = err.strip().splitlines()
+    k = kafka_settings
+    assert f"running: kafka {k.brokers}: {k.input_topic} -> {k.output_topic}" in lines[0]
+    assert "2 worker processes x 1 thread; delivery exactly_once" in lines[0]
+    assert lines[-1].endswith(": 20 documents labeled (0 degraded), 1 dead letter")
+
+
+def test_verbose_json_logs_reach_every_worker_process(
+    kafka_settings: KafkaSettings, exported: dict[str, Path]
+) -> None:
+    docs = documents(4)
+    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    # The flags before the command, as a shell alias would put them.
+    program = ("-m", "kascade", "-v", "--log-format", "json")
+    proc = kascade_run(
+        kafka_settings, exported["bert"], "--workers", "2", "--bounded", program=program
+    )
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    entries = [json.loads(line) for line in err.strip().splitlines()]
+    reading = {e["worker"] for e in entries if e["message"].startswith("reading partition")}
+    assert reading == {0, 1}
+    assert entries[-1]["logger"] == "kascade.run" and entries[-1]["level"] == "INFO"
 
 
 def test_no_document_is_lost_after_a_kill_9_and_a_restart(
@@ -125,7 +160,7 @@ def test_an_address_list_without_a_process_id_is_a_one_line_error(
     r = kascade_cli(
         "run", "--model-dir", str(exported["bert"]), "--addresses", "127.0.0.1:1;127.0.0.1:2"
     )
-    assert r.returncode == 1
+    assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "kascade: invalid settings: addresses and process_id go together"
     ]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kascade.toolchain import ToolchainError
+from kascade.errors import UsageError
 
 _MMBERT_COMMON: dict[str, Any] = {
     "vocab_size": 256_000,
@@ -44,7 +44,7 @@ def random_classifier(name: str, labels: list[str], seed: int = 0, **overrides: 
     from transformers import ModernBertConfig, ModernBertForSequenceClassification
 
     if name not in MMBERT:
-        raise ToolchainError(f"unknown architecture {name!r}; choose from {', '.join(MMBERT)}")
+        raise UsageError(f"unknown architecture {name!r}; choose from {', '.join(MMBERT)}")
     config = ModernBertConfig(
         **(MMBERT[name] | overrides),
         num_labels=len(labels),

@@ -37,7 +37,6 @@ from kascade.schemas.cascade import (
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.settings import ChunkSettings
-from kascade.toolchain import ToolchainError
 from kascade.toolchain.certify import (
     DISABLED,
     CalibrationTooSmall,
@@ -47,6 +46,8 @@ from kascade.toolchain.certify import (
 )
 from kascade.toolchain.document_stop import certify_stop, on_topic_targets, read_documents
 from kascade.toolchain.features import Features, extract
+
+from kascade.errors import UsageError
 
 RISK_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
@@ -201,7 +202,7 @@ def calibrate(
     without one and :class:`CalibrationTooSmall` says why.
     """
     if languages is not None and len(languages) != len(texts):
-        raise ToolchainError(f"{len(languages)} languages for {len(texts)} calibration texts")
+        raise UsageError(f"{len(languages)} languages for {len(texts)} calibration texts")
     if documents is not None and len(documents) < min_accepted(epsilon_doc, delta):
         raise CalibrationTooSmall(
             f"{len(documents)} documents cannot certify a document stop at"
@@ -228,7 +229,7 @@ def calibrate(
             f" (about {math.ceil(need / (1 - fit_fraction))} chunks in all)"
         )
     if fit_fraction == 0.0 and not head_texts:
-        raise ToolchainError("fit_fraction 0 needs head_texts to fit the heads on")
+        raise UsageError("fit_fraction 0 needs head_texts to fit the heads on")
     x0, x1, y = feats.embeddings, feats.hidden, feats.target
     f0, f1 = x0[fit], x1[fit]
     yf = y[fit]

@@ -15,11 +15,13 @@ from typing import TypeVar
 from kascade.toolchain import ToolchainError
 from scipy.stats import beta, binom
 
+from kascade.errors import UsageError
+
 T = TypeVar("T")
 DISABLED = 1.01  # a threshold no probability reaches
 
 
-class CalibrationTooSmall(ToolchainError):
+class CalibrationTooSmall(ToolchainError, UsageError):
     """The calibration set cannot certify the requested guarantee."""
 
 
@@ -29,6 +31,8 @@ def min_accepted(epsilon: float, delta: float) -> int:
     >>> min_accepted(0.01, 0.05), min_accepted(0.02, 0.05)
     (299, 149)
     """
+    if not (0 < epsilon < 1 and 0 < delta < 1):
+        raise ValueError(f"epsilon and delta must be between 0 and 1, not {epsilon}, {delta}")
     return math.ceil(math.log(delta) / math.log(1 - epsilon))
 
 

@@ -10,6 +10,8 @@ from typing import Any
 
 from kascade.toolchain import ToolchainError
 
+from kascade.errors import UsageError
+
 SUPPORTED = ("bert", "modernbert", "roberta", "xlm-roberta")
 
 
@@ -41,13 +43,13 @@ def _config(source: str) -> Any:
     path = Path(source)
     if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
-            raise ToolchainError(f"{source} is not a Hugging Face checkpoint (no config.json)")
+            raise UsageError(f"{source} is not a Hugging Face checkpoint (no config.json)")
     elif source.startswith((".", "/", "~")) or source.count("/") != 1:
-        raise ToolchainError(f"checkpoint not found: {source}")
+        raise UsageError(f"checkpoint not found: {source}")
     with _loading(f"the configuration of {source}"):
         config = AutoConfig.from_pretrained(source)
     if config.model_type not in SUPPORTED:
-        raise ToolchainError(
+        raise UsageError(
             f"{source}: unsupported architecture {config.model_type!r};"
             f" supported: {', '.join(SUPPORTED)}"
         )
@@ -70,7 +72,7 @@ def load_classifier(source: str, *, labels: list[str] | None = None):
     kwargs: dict[str, Any] = {"attn_implementation": "sdpa"}
     if labels is None:
         if not has_classification_head(config):
-            raise ToolchainError(
+            raise UsageError(
                 f"{source} has no sequence-classification head; fine-tune it with kascade train"
             )
     else:
@@ -96,5 +98,5 @@ def tokenizer_json(source: str, out: Path) -> None:
     with _loading(f"the tokenizer of {source}"):
         tok = AutoTokenizer.from_pretrained(source)
     if not tok.is_fast:
-        raise ToolchainError(f"{source} has no fast tokenizer (tokenizer.json) to serve with")
+        raise UsageError(f"{source} has no fast tokenizer (tokenizer.json) to serve with")
     tok.backend_tokenizer.save(str(out / "tokenizer.json"))

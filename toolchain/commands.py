@@ -17,9 +17,12 @@ from typing import Any
 from kascade.schemas import Aggregation
 from kascade.schemas.cascade import DEFAULT_DELTA, DEFAULT_EPSILON
 from kascade.schemas.files import write_text_atomically
-from kascade.schemas.settings import ChunkSettings
-from kascade.toolchain import ToolchainError
+from kascade.schemas.settings import ChunkSettings, settings_error
 from kascade.toolchain.train_config import TrainConfig, add_train_flags
+from pydantic import ValidationError
+
+from kascade.arguments import positive, probability
+from kascade.errors import UsageError
 
 
 def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
@@ -28,7 +31,7 @@ def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 
 
 def _data_flags(p: argparse.ArgumentParser, *, labels_required: bool) -> None:
-    p.add_argument("--text-column", default="text")
+    p.add_argument("--text-column", default="text", help="column with the text (default: text)")
     p.add_argument(
         "--label-column",
         default="label" if labels_required else None,
@@ -56,6 +59,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from kascade.toolchain.data import read_examples
     from kascade.toolchain.train import train
 
+    try:
+        config = TrainConfig(_cli_settings_source=args.train_flags(parsed_args=args))
+    except ValidationError as e:
+        raise settings_error(e) from None
     train_data = read_examples(
         args.data, text_column=args.text_column, label_column=args.label_column
     )
@@ -64,7 +71,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
         if args.dev
         else None
     )
-    config = TrainConfig(_cli_settings_source=args.train_flags(parsed_args=args))
     result = train(args.model, args.out, train_data, dev, config)
     print(f"wrote {args.out} ({len(result['labels'])} labels)")
     return 0
@@ -74,7 +80,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from kascade.toolchain.export import export_checkpoint, export_random
 
     if (args.model is None) == (args.random_init is None):
-        raise ToolchainError("give exactly one of --model and --random-init")
+        raise UsageError("give exactly one of --model and --random-init")
     if args.model is not None:
         m = export_checkpoint(
             args.model, args.out, cascade_layer=args.cascade_layer, max_length=args.max_length
@@ -104,12 +110,10 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
 
     budgeted = args.min_agreement is not None or args.max_f1_drop is not None
     if budgeted == (args.preset is not None):
-        raise ToolchainError("give either --preset or a budget (--min-agreement/--max-f1-drop)")
+        raise UsageError("give either --preset or a budget (--min-agreement/--max-f1-drop)")
     if args.preset is not None:
         if args.preset not in PRESETS:
-            raise ToolchainError(
-                f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}"
-            )
+            raise UsageError(f"unknown preset {args.preset!r}; choose from {', '.join(PRESETS)}")
         m = quantize_dir(args.model, args.out, PRESETS[args.preset])
         print(f"wrote {args.out}: {m.variant} {m.quantization['op_counts']}")
         return 0
@@ -117,9 +121,7 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     from kascade.toolchain.search import DEFAULT_CANDIDATES, Budget, search
 
     if args.calibration is None:
-        raise ToolchainError(
-            "a budget needs --calibration FILE (text the model was not trained on)"
-        )
+        raise UsageError("a budget needs --calibration FILE (text the model was not trained on)")
     data = read_examples(
         args.calibration, text_column=args.text_column, label_column=args.label_column
     )
@@ -267,7 +269,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="base checkpoint: local directory or hub id")
     p.add_argument("--data", required=True, type=Path, help="training data (.tsv/.csv/.jsonl)")
     p.add_argument("--dev", type=Path, help="dev data for macro-F1 after each epoch")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="new checkpoint directory")
     _data_flags(p, labels_required=True)
     p.set_defaults(func=_cmd_train, train_flags=add_train_flags(p))
 
@@ -278,12 +280,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=["mmbert-small", "mmbert-base"],
         help="mmBERT architecture with seeded random weights (speed/memory only)",
     )
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="new model directory")
     p.add_argument(
         "--cascade-layer",
         type=int,
         default=2,
-        help="layer after which the cascade's early head reads the hidden state",
+        help="layer after which the cascade's early head reads the hidden state (default: 2)",
     )
     p.add_argument("--max-length", type=int, default=None, help="default: the model's positions")
     p.add_argument(
@@ -292,18 +294,20 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="comma-separated labels for --random-init",
     )
     p.add_argument("--tokenizer", help="tokenizer directory for --random-init")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--seed", type=int, default=0, help="of --random-init's weights and heads (default: 0)"
+    )
     p.set_defaults(func=_cmd_export)
 
     p = sub.add_parser("quantize", help="quantize an FP32 model directory: a preset or a budget")
     p.add_argument("--model", required=True, type=Path, help="FP32 model directory from export")
-    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--out", required=True, type=Path, help="new model directory")
     p.add_argument(
         "--preset",
-        help="fp32, int4emb, int8, int8-int4emb, int8pc-int4emb, "
-        "uint8-int4emb, uint8pc-int4emb, w8-int4emb, int4",
+        help="a recipe: fp32, int4emb, int8, int8pc, uint8pc, int8-int4emb, int8pc-int4emb,"
+        " uint8-int4emb, uint8pc-int4emb, w8-int4emb, int4 (README, Model toolchain)",
     )
-    p.add_argument("--min-agreement", type=float, help="budget: argmax agreement with FP32")
+    p.add_argument("--min-agreement", type=probability, help="budget: argmax agreement with FP32")
     p.add_argument("--max-f1-drop", type=float, help="budget: macro-F1 drop (needs labels)")
     p.add_argument("--calibration", type=Path, help="text the model was not trained on")
     p.add_argument("--candidates", help="comma-separated presets to try")
@@ -327,7 +331,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--epsilon-doc",
-        type=float,
+        type=probability,
         help=f"max share of early-stopped documents labeled otherwise than a full read"
         f" ({DEFAULT_EPSILON})",
     )
@@ -337,23 +341,25 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=list(Aggregation),
         help="how the run combines chunks (the stop is certified for it; token_mean)",
     )
-    p.add_argument("--text-column", default="text")
+    p.add_argument("--text-column", default="text", help="column with the text (default: text)")
     p.add_argument(
         "--lang-column", help="column naming each text's language: the report splits by it"
     )
     p.add_argument(
         "--epsilon",
-        type=float,
+        type=probability,
         help=f"max disagreement of accepted chunks ({DEFAULT_EPSILON})",
     )
-    p.add_argument("--delta", type=float, help=f"allowed failure probability ({DEFAULT_DELTA})")
+    p.add_argument(
+        "--delta", type=probability, help=f"allowed failure probability ({DEFAULT_DELTA})"
+    )
     chunks = ChunkSettings()
     # The same flags as kascade run's, so a calibration and its runs read alike.
     p.add_argument(
         "--chunking.max-tokens",
         "--chunk-tokens",
         dest="max_tokens",
-        type=int,
+        type=positive,
         help=f"tokens per chunk, as kascade run will make them ({chunks.max_tokens})",
     )
     p.add_argument(
@@ -368,7 +374,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("evaluate", help="F1, agreement, speed and memory of model variants")
     p.add_argument("models", nargs="+", type=Path, help="model directories")
-    p.add_argument("--data", required=True, type=Path)
+    p.add_argument(
+        "--data", required=True, type=Path, help="labeled text (.tsv/.csv/.jsonl), held out"
+    )
     p.add_argument("--reference", type=Path, help="FP32 directory (default: the first model)")
     p.add_argument("--json", type=Path, help="also write the table as JSON")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-RSS probe")

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kascade.toolchain import ToolchainError
+
+from kascade.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,7 @@ class Examples:
 
 def _rows(path: Path) -> list[dict]:
     if not path.is_file():
-        raise ToolchainError(f"data file not found: {path}")
+        raise UsageError(f"data file not found: {path}")
     suffix = path.suffix.lower()
     try:
         if suffix in (".jsonl", ".ndjson"):
@@ -37,10 +38,8 @@ def _rows(path: Path) -> list[dict]:
             with open(path, encoding="utf-8") as f:
                 return [{"text": line.rstrip("\n")} for line in f if line.strip()]
     except (UnicodeDecodeError, json.JSONDecodeError, csv.Error) as e:
-        raise ToolchainError(f"cannot read {path}: {e}") from None
-    raise ToolchainError(
-        f"{path}: unsupported data format {suffix!r} (use .tsv, .csv, .jsonl, .txt)"
-    )
+        raise UsageError(f"cannot read {path}: {e}") from None
+    raise UsageError(f"{path}: unsupported data format {suffix!r} (use .tsv, .csv, .jsonl, .txt)")
 
 
 def read_examples(
@@ -50,13 +49,11 @@ def read_examples(
     path = Path(path)
     rows = _rows(path)
     if not rows:
-        raise ToolchainError(f"{path} has no rows")
+        raise UsageError(f"{path} has no rows")
     columns = list(rows[0].keys())
     for col in (text_column, label_column):
         if col is not None and col not in columns:
-            raise ToolchainError(
-                f"{path} has no column {col!r}; its columns are {', '.join(columns)}"
-            )
+            raise UsageError(f"{path} has no column {col!r}; its columns are {', '.join(columns)}")
     texts = [str(r[text_column]) for r in rows]
     labels = None if label_column is None else [str(r[label_column]) for r in rows]
     return Examples(texts, labels)

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 from kascade.schemas.manifest import read_manifest
-from kascade.toolchain import ToolchainError
 from kascade.toolchain.data import Examples
 from kascade.toolchain.measure import Run, peak_rss_mb, run, size_mb, tokenize
+
+from kascade.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def evaluate(
     if data.labels is not None:
         unknown = sorted(set(data.labels) - set(labels))
         if unknown:
-            raise ToolchainError(f"labels not known to the model: {', '.join(unknown[:5])}")
+            raise UsageError(f"labels not known to the model: {', '.join(unknown[:5])}")
     seqs = tokenize(reference, data.texts)
     ref_run = run(reference, seqs)
     ref_f1 = (
@@ -93,7 +94,7 @@ def evaluate(
     for d in [reference, *[x for x in directories if Path(x) != Path(reference)]]:
         manifest, _ = read_manifest(d)
         if manifest.labels != labels:
-            raise ToolchainError(f"{d} has different labels than the reference {reference}")
+            raise UsageError(f"{d} has different labels than the reference {reference}")
         result = ref_run if d == reference else run(d, seqs)
         rows.append(
             Row(

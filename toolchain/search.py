@@ -18,13 +18,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 from kascade.schemas.manifest import FULL_GRAPH, ModelManifest, read_manifest
-from kascade.toolchain import ToolchainError
 from kascade.toolchain.data import Examples
 from kascade.toolchain.evaluate import macro_f1, score
 from kascade.toolchain.graphs import refuse_existing
 from kascade.toolchain.measure import Run, run, run_graph, size_mb, tokenize
 from kascade.toolchain.quantize import PRESETS, Recipe, quantize_dir, quantize_graph, weight_matmuls
 from tqdm import tqdm
+
+from kascade.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -166,10 +167,10 @@ def search(
     """
     refuse_existing(out)
     if budget.max_f1_drop is not None and data.labels is None:
-        raise ToolchainError("--max-f1-drop needs labeled calibration data (--label-column)")
+        raise UsageError("--max-f1-drop needs labeled calibration data (--label-column)")
     unknown = [c for c in candidates if c not in PRESETS]
     if unknown:
-        raise ToolchainError(f"unknown presets: {', '.join(unknown)}")
+        raise UsageError(f"unknown presets: {', '.join(unknown)}")
     with tempfile.TemporaryDirectory(prefix="kascade-search-") as work:
         bench = _Bench(fp32, data, budget, Path(work))
         table = [bench.measure(PRESETS["fp32"])]

@@ -12,13 +12,14 @@ import random
 from pathlib import Path
 
 import numpy as np
-from kascade.toolchain import ToolchainError
 from kascade.toolchain.checkpoint import load_classifier
 from kascade.toolchain.data import Examples
 from kascade.toolchain.evaluate import macro_f1
 from kascade.toolchain.graphs import staged_directory
 from kascade.toolchain.provenance import base_of, write_provenance
 from kascade.toolchain.train_config import TrainConfig
+
+from kascade.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +64,7 @@ def train(
 
     config = config or TrainConfig()
     if train_data.labels is None:
-        raise ToolchainError("training data needs a label column")
+        raise UsageError("training data needs a label column")
     if config.threads:
         torch.set_num_threads(config.threads)
     _seed_everything(config.seed)

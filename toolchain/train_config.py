@@ -19,12 +19,12 @@ class TrainConfig(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="KASCADE_TRAIN_", extra="forbid", frozen=True)
 
     epochs: int = Field(default=4, ge=1, description="Passes over the training data.")
-    batch_size: int = Field(default=16, ge=1)
+    batch_size: int = Field(default=16, ge=1, description="Examples per optimizer step.")
     learning_rate: float = Field(default=5e-5, gt=0, description="Of the encoder (AdamW).")
-    weight_decay: float = Field(default=0.01, ge=0)
+    weight_decay: float = Field(default=0.01, ge=0, description="AdamW's weight decay.")
     warmup_ratio: float = Field(default=0.1, ge=0, lt=1, description="Share of linear warmup.")
     max_length: int = Field(default=128, ge=8, description="Tokens per training example.")
-    seed: int = 0
+    seed: int = Field(default=0, description="Of the head's initialization and the shuffling.")
     threads: int | None = Field(default=None, ge=1, description="torch threads (default: all).")
 
 
