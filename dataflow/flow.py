@@ -204,10 +204,14 @@ def prepare(settings: Settings) -> Prepared:
 
 
 def _record_audit(_step: str, result: ChunkResult) -> None:
-    if result.probs is not None:
-        agree = int(result.probs.argmax()) == result.audit_of
-        metrics.AUDITS.labels(str(agree).lower()).inc()
+    if result.probs is None:
+        return
+    agree = int(result.probs.argmax()) == result.audit_of
+    metrics.AUDITS.labels(str(agree).lower()).inc()
+    try:
         guarantee.audit(agree, result.doc.lang)
+    except Exception:  # bookkeeping of the live test never costs a worker or a record
+        log.exception("the live test of the bound could not count an audit")
 
 
 def watch_the_bound(settings: Settings, cascade: Cascade) -> None:
@@ -216,7 +220,7 @@ def watch_the_bound(settings: Settings, cascade: Cascade) -> None:
     so a false alarm anywhere in the job stays at most delta."""
     point = cascade.point
     processes = len(settings.hosts) if settings.hosts is not None else settings.workers
-    watch = Watch(point.epsilon, point.delta / processes)
+    watch = Watch(point.epsilon, point.delta / processes, settings.cascade.max_languages)
     suspend = settings.cascade.on_violation == "full_model"
     guarantee.install(Guard(watch, suspend=suspend))
 

@@ -8,10 +8,15 @@ its peers over HTTP on its address's port plus ``cluster.control_port_offset``:
   ``restarting`` or ``draining``; a peer that does not answer is down or unreachable.
 - ``GET /ready``: the same, status 200 only while ``running`` (a readiness probe).
 - ``POST /drain``: drain this process too (a peer was sent SIGTERM), so the whole
-  cluster finishes what it holds and exits 0 instead of panicking at the loss.
+  cluster finishes what it holds and exits 0 instead of panicking at the loss. Only
+  with the cluster's shared token (``Authorization: Bearer``, ``cluster.control_token``):
+  anyone else who can reach the port is refused, and the refusal is logged with the
+  caller's address.
 
-These requests carry no data and no credentials; like Bytewax's own ports, the control
-port belongs on the cluster's private network.
+The server is built for a network it does not control: a request head of bounded size
+and no body, a read timeout per connection, a cap on connections at once (more are
+closed unanswered), so idle or slow connections cannot pin it while probes go on being
+answered.
 
 >>> [str(p) for p in peers_of(["a:9000", "b:9000", "c:9000"], own=1, offset=1)]
 ['process 0 (a:9000)', 'process 2 (c:9000)']
@@ -21,17 +26,28 @@ port belongs on the cluster's private network.
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import ipaddress
+import logging
+import resource
 import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http import HTTPStatus
 
 from kascade.errors import KascadeError
 
+log = logging.getLogger(__name__)
+
 NOT_ANSWERING = "not answering"
+# How long a connection may take to send its request (a slow or idle one is closed).
+READ_TIMEOUT_S = 2.0
+# The longest request head read, and the longest reply a peer's state can be.
+MAX_REQUEST_BYTES = 8192
+MAX_REPLY_BYTES = 64
 
 
 @dataclass(frozen=True)
@@ -59,14 +75,20 @@ def probe(peer: Peer, timeout_s: float = 1.0) -> str:
     host, port = peer.control
     try:
         with urllib.request.urlopen(f"http://{host}:{port}/state", timeout=timeout_s) as r:
-            return r.read().decode("ascii", "replace").strip() or NOT_ANSWERING
+            text = r.read(MAX_REPLY_BYTES).decode("ascii", "replace").strip()
     except (OSError, urllib.error.URLError, ValueError):
         return NOT_ANSWERING
+    return text if text.isalpha() else NOT_ANSWERING  # a state is one word
 
 
-def ask_to_drain(peer: Peer, timeout_s: float = 2.0) -> bool:
+def ask_to_drain(peer: Peer, token: str, timeout_s: float = 2.0) -> bool:
     host, port = peer.control
-    request = urllib.request.Request(f"http://{host}:{port}/drain", data=b"", method="POST")
+    request = urllib.request.Request(
+        f"http://{host}:{port}/drain",
+        data=b"",
+        method="POST",
+        headers={"Authorization": f"Bearer {token}"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_s):
             return True
@@ -100,60 +122,148 @@ def describe(found: dict[Peer, str], *, want: Callable[[str], bool]) -> str:
 
 
 class ControlServer:
-    """This process's answers to its peers; ``on_drain`` runs when one asks to drain."""
+    """This process's answers to its peers; ``on_drain`` runs when a peer holding
+    ``token`` asks to drain. Binds ``bind`` when given (a pod's own IP), else the
+    address's host when it is an IP literal, else every interface.
 
-    def __init__(self, address: str, offset: int, on_drain: Callable[[], None]) -> None:
+    One asyncio loop in a thread of its own serves every connection: an idle one costs
+    a file descriptor, not a thread, and is closed after :data:`READ_TIMEOUT_S`.
+    """
+
+    def __init__(
+        self,
+        address: str,
+        offset: int,
+        on_drain: Callable[[], None],
+        *,
+        token: str,
+        bind: str | None = None,
+    ) -> None:
         host, port = control_address(address, offset)
         self.state = "waiting"
         self._on_drain = on_drain
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                if self.path == "/state":
-                    self._reply(server.state)
-                elif self.path == "/ready":
-                    ready = server.state == "running"
-                    self._reply(server.state, 200 if ready else 503)
-                else:
-                    self.send_error(404)
-
-            def do_POST(self) -> None:
-                if self.path != "/drain":
-                    self.send_error(404)
-                    return
-                self._reply("draining")
-                server._on_drain()
-
-            def _reply(self, text: str, status: int = 200) -> None:
-                body = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "text/plain")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *_args: object) -> None:
-                pass  # probes every few seconds are not news
-
+        self._expected = f"Bearer {token}".encode()
+        self._open = 0
+        self._cap = max_connections()
+        self._loop = asyncio.new_event_loop()
+        bound = bind or _bind_host(host)
         try:
-            self._http = ThreadingHTTPServer((_bind_host(host), port), Handler)
+            self._server = self._loop.run_until_complete(
+                asyncio.start_server(
+                    self._serve, bound, port, limit=MAX_REQUEST_BYTES, backlog=1024
+                )
+            )
         except OSError as e:
+            self._loop.close()
             raise KascadeError(
-                f"cannot answer peers on {host}:{port} (cluster.control_port_offset): {e}"
+                f"cannot answer peers on {bound}:{port} (cluster.control_port_offset): {e}"
             ) from None
-        self._http.daemon_threads = True
-        self._thread = threading.Thread(target=self._http.serve_forever, daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
 
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._open >= self._cap:
+            writer.close()  # full: closed unanswered
+            return
+        self._open += 1
+        try:
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+            client = (writer.get_extra_info("peername") or ("?",))[0]
+            status, text = self._answer(head, client)
+            writer.write(_response(status, text))
+            await asyncio.wait_for(writer.drain(), READ_TIMEOUT_S)
+        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
+            pass  # idle, slow, oversized or gone: closed without an answer
+        finally:
+            self._open -= 1
+            writer.close()
+
+    def _answer(self, head: bytes, client: str) -> tuple[int, str]:
+        """The status and text for one request's line and headers."""
+        request = parse_request(head)
+        if request is None:
+            return 400, "bad request"
+        method, path, headers = request
+        if method == "GET" and path == "/state":
+            return 200, self.state
+        if method == "GET" and path == "/ready":
+            return (200 if self.state == "running" else 503), self.state
+        if path != "/drain":
+            return 404, "not found"
+        if method != "POST":
+            return 405, "method not allowed"
+        given = headers.get("authorization", "").encode("latin-1", "replace")
+        if not hmac.compare_digest(given, self._expected):
+            log.warning(
+                "refused a drain request from %s: %s",
+                client,
+                "wrong token" if given else "no token",
+            )
+            return 403, "forbidden"
+        if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
+            return 413, "a drain request has no body"
+        log.warning("drain requested by %s", client)
+        self._loop.call_soon(self._on_drain)
+        return 200, "draining"
+
     def close(self) -> None:
-        self._http.shutdown()
-        self._http.server_close()
+        async def stop() -> None:
+            self._server.close()
+            open_ = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in open_:
+                t.cancel()
+            await asyncio.gather(*open_, return_exceptions=True)
+
+        try:
+            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(timeout=5)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+            self._loop.close()
+
+
+def max_connections() -> int:
+    """Connections served at once: a quarter of this process's file descriptors, at
+    most 4096 (the probes of a cluster need a handful; the rest is room for noise)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return max(16, min(4096, soft // 4))
+
+
+def parse_request(head: bytes) -> tuple[str, str, dict[str, str]] | None:
+    """Method, path and headers (names lowercased) of an HTTP/1 request head, or None.
+
+    >>> parse_request(b"POST /drain HTTP/1.1\\r\\nAuthorization: Bearer t\\r\\n\\r\\n")
+    ('POST', '/drain', {'authorization': 'Bearer t'})
+    >>> parse_request(b"\\x16\\x03\\x01 garbage\\r\\n\\r\\n") is None
+    True
+    """
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[0].isalpha() or not parts[2].startswith("HTTP/1."):
+        return None
+    headers = {}
+    for line in lines[1:]:
+        if not line:
+            continue
+        name, sep, value = line.partition(":")
+        if not sep or not name.strip():
+            return None
+        headers[name.strip().lower()] = value.strip()
+    return parts[0], parts[1], headers
+
+
+def _response(status: int, text: str) -> bytes:
+    body = text.encode()
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: text/plain\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    )
+    return head.encode() + body
 
 
 def _bind_host(host: str) -> str:
     """An address literal binds as given; a name (a pod's DNS name may not resolve before
-    the pod is ready) binds every interface."""
+    the pod is ready) binds every interface, unless ``cluster.control_host`` says which."""
     try:
         ipaddress.ip_address(host.strip("[]"))
     except ValueError:

@@ -154,6 +154,7 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> Coun
     every start, less what workers that were killed had done."""
     r = settings.restarts
     layout = Layout.of(settings)
+    token = settings.cluster.token() if layout.hosts is not None else None
     stopping = threading.Event()
     running: list[subprocess.Popen] = []
 
@@ -175,7 +176,8 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> Coun
             log.warning("draining: no new records are read; a second signal stops at once")
         if first and layout.peers:
             log.warning("draining: asking the cluster's other processes to drain too")
-            threading.Thread(target=_drain_peers, args=(layout.peers,), daemon=True).start()
+            asking = threading.Thread(target=_drain_peers, args=(layout.peers, token), daemon=True)
+            asking.start()
 
     def drained_by_peer() -> None:
         if not stopping.is_set():
@@ -184,8 +186,15 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> Coun
 
     control = None
     if layout.hosts is not None:
+        assert token is not None  # a job over several hosts has one (Settings checks)
         own = layout.hosts[layout.ids[0]]
-        control = ControlServer(own, settings.cluster.control_port_offset, drained_by_peer)
+        control = ControlServer(
+            own,
+            settings.cluster.control_port_offset,
+            drained_by_peer,
+            token=token,
+            bind=settings.cluster.control_host,
+        )
     previous = {s: signal.signal(s, signalled) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         restarts, wait = 0, r.backoff_s
@@ -224,8 +233,8 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> Coun
             control.close()
 
 
-def _drain_peers(peers: list[Peer]) -> None:
-    unreached = [str(p) for p in peers if not ask_to_drain(p)]
+def _drain_peers(peers: list[Peer], token: str | None) -> None:
+    unreached = [str(p) for p in peers if token is None or not ask_to_drain(p, token)]
     if unreached:
         log.warning("could not ask %s to drain", ", ".join(unreached))
 

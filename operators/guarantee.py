@@ -88,23 +88,42 @@ class BoundTest:
         return self.fired_at is not None
 
 
+# Where the languages past ``max_languages`` are pooled, in the tests and the metrics.
+OTHER = "other"
+
+
 @dataclass
 class Watch:
     """The bound watched over all audits and per language (a drift in one language is
     named even while the others hide it in the total).
 
-    The overall test gets half of ``delta``; the languages share the other half, the
-    i-th language seen getting delta / 2^(i+2), so the chance of any false alarm stays
-    at most ``delta`` however many languages the stream brings.
+    The overall test gets half of ``delta``; the other half is split evenly between the
+    first ``max_languages`` languages the stream brings and one pool for the rest
+    (:data:`OTHER`), so the chance of any false alarm stays at most ``delta`` and the
+    tests, like the metric series, stay bounded whatever a producer writes in ``lang``.
+
+    >>> w = Watch(epsilon=0.02, delta=0.05, max_languages=2)
+    >>> for lang in ["en", "de", "fr", "sw", "en"]:
+    ...     _ = w.observe(False, lang)
+    >>> sorted(w.languages), w.languages["other"].audits, w.languages["en"].delta
+    (['de', 'en', 'other'], 2, 0.008333333333333333)
     """
 
     epsilon: float
     delta: float
+    max_languages: int = 16
     overall: BoundTest = field(init=False)
     languages: dict[str, BoundTest] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.overall = BoundTest(self.epsilon, self.delta / 2)
+
+    def tested_as(self, lang: str) -> str:
+        """The test ``lang``'s audits count in: its own, or the pool."""
+        named = len(self.languages) - (OTHER in self.languages)
+        if lang != OTHER and (lang in self.languages or named < self.max_languages):
+            return lang
+        return OTHER
 
     def observe(self, disagree: bool, lang: str | None) -> BoundTest | None:
         """Count one audit; the test that fired on it, if one did (overall first)."""
@@ -112,10 +131,11 @@ class Watch:
         if self.overall.observe(disagree):
             fired = self.overall
         if lang is not None:
-            test = self.languages.get(lang)
+            key = self.tested_as(lang)
+            test = self.languages.get(key)
             if test is None:
-                share = self.delta / 2 ** (len(self.languages) + 2)
-                test = self.languages[lang] = BoundTest(self.epsilon, share)
+                share = self.delta / 2 / (self.max_languages + 1)
+                test = self.languages[key] = BoundTest(self.epsilon, share)
             if test.observe(disagree) and fired is None:
                 fired = test
         return fired
@@ -147,7 +167,9 @@ class Guard:
         fired = self.watch.observe(not agree, lang)
         self._gauge("all", self.watch.overall)
         if lang is not None:
-            self._gauge(lang, self.watch.languages[lang])
+            key = self.watch.tested_as(lang)
+            self._gauge(key, self.watch.languages[key])
+            lang = key
         if fired is None or self._said:
             return  # one line per job: later alarms (another language) show in the gauge
         self._said = True

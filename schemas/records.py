@@ -21,6 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt
 _FROZEN_STRICT = ConfigDict(extra="forbid", frozen=True)
 MAX_DETAIL = 2000  # characters of a dead letter's detail
 PREFIX_BYTES = 4096  # of an original value too large to carry whole
+# The shape of a BCP-47 tag: subtags of letters and digits joined by hyphens. It reaches
+# log lines and metric labels, so nothing else (spaces, newlines, escapes) may pass.
+LANGUAGE_TAG = r"^([A-Za-z]{2,8}|[xXiI])(-[A-Za-z0-9]{1,8})*$"
 
 # Kafka record headers as confluent-kafka hands them over: (name, value or None).
 KafkaHeaders = Sequence[tuple[str, bytes | None]]
@@ -49,7 +52,9 @@ class InputDocument(BaseModel):
         default=None,
         min_length=2,
         max_length=35,
-        description="Optional BCP-47 language tag, passed through to the output.",
+        pattern=LANGUAGE_TAG,
+        description="Optional BCP-47 language tag (letters, digits and hyphens: en, pt-BR,"
+        " zh-Hant), passed through to the output.",
     )
     metadata: dict[str, Any] | None = Field(
         default=None, description="Opaque producer data, passed through to the output."
@@ -176,7 +181,7 @@ class OutputRecord(BaseModel):
     reading: Reading | None = Field(
         default=None, description="How much of the text was read, and why reading ended."
     )
-    lang: str | None = None
+    lang: str | None = Field(default=None, pattern=LANGUAGE_TAG)
     metadata: dict[str, Any] | None = None
     source: SourcePosition | None = Field(
         default=None, description="Where the input record was read."

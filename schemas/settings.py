@@ -275,6 +275,14 @@ class CascadeSettings(BaseModel):
         description="Chunks of one document read before the other documents on the worker"
         " get their turn, so short documents pass long ones (0: all at once).",
     )
+    max_languages: int = Field(
+        default=16,
+        ge=0,
+        le=256,
+        description="Languages (a record's lang) the live test of the bound and its metric"
+        " follow one by one; later ones are pooled as 'other', so a stream of invented"
+        " tags cannot grow them without bound.",
+    )
     if_uncertified: Literal["refuse", "full_model"] = Field(
         default="refuse",
         description="When cascade.json was certified on other chunking or another tokenizer:"
@@ -339,6 +347,33 @@ class ClusterSettings(BaseModel):
         description="Each process answers its peers' state and drain requests on its"
         " address's port plus this (HTTP).",
     )
+    # A secret: from the environment (KASCADE_CLUSTER__CONTROL_TOKEN) or a file, never a
+    # flag (argv is visible to every user of a host).
+    control_token: CliSuppress[SecretStr | None] = None
+    control_token_file: Path | None = Field(
+        default=None,
+        description="File holding the token the cluster's processes drain each other with"
+        " (a mounted Secret); or set KASCADE_CLUSTER__CONTROL_TOKEN.",
+    )
+    control_host: str | None = Field(
+        default=None,
+        description="Address the control port binds. Default: the process's own address"
+        " when it is an IP, else every interface; on Kubernetes, the pod's IP"
+        " (status.podIP).",
+    )
+
+    def token(self) -> str | None:
+        """The control token, read from its file when one is named (UsageError when it
+        cannot be read or is empty)."""
+        if self.control_token_file is None:
+            return None if self.control_token is None else self.control_token.get_secret_value()
+        try:
+            text = self.control_token_file.read_text().strip()
+        except OSError as e:
+            raise UsageError(f"cluster.control_token_file: cannot read it: {e.strerror}") from None
+        if not text:
+            raise UsageError(f"cluster.control_token_file: {self.control_token_file} is empty")
+        return text
 
 
 class Settings(BaseSettings):
@@ -440,6 +475,13 @@ class Settings(BaseSettings):
                         f"{a}'s control port (port + cluster.control_port_offset) is {control},"
                         " another process's address"
                     )
+            c = self.cluster
+            if c.control_token is None and c.control_token_file is None:
+                raise ValueError(
+                    "a job over several hosts needs a control token, so that only its own"
+                    " processes can drain it: set KASCADE_CLUSTER__CONTROL_TOKEN or"
+                    " cluster.control_token_file (the same on every host)"
+                )
         return self
 
     @model_validator(mode="after")

@@ -5,9 +5,12 @@ is bounded, accounts for every input id and reads every line the processes print
 
 from __future__ import annotations
 
+import os
 import signal
+import socket
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -19,6 +22,8 @@ from test_faults import many, send, wait_for_outputs
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 
 FAST = ("--restarts.backoff-s", "0.2", "--snapshot-interval-s", "0.5")
+# The processes of a cluster drain each other only with its token.
+CLUSTER_ENV = {**os.environ, "KASCADE_CLUSTER__CONTROL_TOKEN": "test-cluster-token"}
 
 
 class Cluster:
@@ -42,6 +47,7 @@ class Cluster:
             *FAST,
             *self.extra,
             *more,
+            env=CLUSTER_ENV,
         )
         return self.procs[index]
 
@@ -109,6 +115,40 @@ def test_a_process_killed_with_kill_9_is_rejoined_by_its_peer_when_it_returns_an
         f"lost process 1 ({peer}): not answering; restarting the workers from the last"
         " snapshot in 0.2 s (restart 1 of 5)"
     ) in survivor_err
+
+
+def test_a_hostile_neighbour_on_the_control_port_neither_drains_nor_stalls_the_cluster(
+    kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    first, second = many(20, "a"), many(20, "b")
+    send(kafka_settings, first)
+    cluster = Cluster(kafka_settings, exported["bert"], tmp_path)
+    procs = [cluster.start(0), cluster.start(1)]
+    host, port = cluster.addresses[0].split(":")
+    control = (host, int(port) + 1)
+    idle: list[socket.socket] = []
+    try:
+        wait_for_outputs(kafka_settings, len(first), procs[0], timeout_s=180)
+        for headers in ({}, {"Authorization": "Bearer guess"}):
+            request = urllib.request.Request(
+                f"http://{host}:{control[1]}/drain", data=b"", method="POST", headers=headers
+            )
+            with pytest.raises(urllib.error.HTTPError, match="403"):
+                urllib.request.urlopen(request, timeout=5)
+        idle = [socket.create_connection(control, timeout=5) for _ in range(500)]
+        began = time.monotonic()
+        assert cluster.state(0) == "running" and time.monotonic() - began < 1.0
+        send(kafka_settings, second)
+        wait_for_outputs(kafka_settings, len(first) + len(second), procs[0], timeout_s=180)
+        assert all(p.poll() is None for p in procs), "a process stopped"
+    finally:
+        for s in idle:
+            s.close()
+        ended = cluster.stop_all()
+    assert all(status == 0 for status, _ in ended.values()), ended
+    assert set(output_ids(kafka_settings)) == {d.id for d in first + second}
+    assert "refused a drain request from 127.0.0.1: no token" in ended[0][1]
+    assert "refused a drain request from 127.0.0.1: wrong token" in ended[0][1]
 
 
 def test_sigterm_to_one_process_drains_the_whole_cluster_and_a_restart_resumes_losing_nothing(

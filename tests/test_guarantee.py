@@ -130,3 +130,29 @@ def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_
     )
     record = label_document(meta, results, labeling, now_ms=0)
     assert record.cascade is CascadeUse.SUSPENDED and record.chunks.full_model == 2
+
+
+def test_a_hundred_thousand_languages_keep_the_tests_bounded_and_the_alarm_budget_whole() -> None:
+    watch = Watch(epsilon=0.02, delta=0.05, max_languages=16)
+    for i in range(100_000):
+        watch.observe(i % 50 == 0, f"zz-{i}")
+    assert len(watch.languages) == 16 + 1
+    assert watch.languages["other"].audits == 100_000 - 16
+    spent = watch.overall.delta + sum(t.delta for t in watch.languages.values())
+    assert spent <= 0.05 + 1e-12
+    assert min(t.delta for t in watch.languages.values()) == pytest.approx(0.05 / 2 / 17)
+
+
+def test_the_audit_draw_cannot_be_predicted_from_outside_a_process() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "from kascade.operators.cascade import audit_pick;"
+        "print(''.join('1' if audit_pick(f'doc-{i}', 0, 0.5) else '0' for i in range(64)))"
+    )
+    draws = {
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout
+        for _ in range(2)
+    }
+    assert len(draws) == 2  # another key in every process

@@ -6,6 +6,7 @@ record), and a new calibration taking effect on a restart from the snapshot."""
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import shutil
 import signal
@@ -17,7 +18,7 @@ import pytest
 from helpers import SMALL_CHUNKS, TINY_PATH, kascade_run, output_ids, produce, texts
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.local_broker import free_port
-from kascade.schemas import CascadeUse, InputDocument, OutputRecord
+from kascade.schemas import CascadeUse, DeadLetter, InputDocument, OutputRecord
 from kascade.schemas.cascade import CASCADE_FILE
 from kascade.schemas.settings import KafkaSettings
 from kascade.toolchain.calibrate import calibrate
@@ -154,3 +155,71 @@ def test_a_new_calibration_takes_effect_on_restart_from_the_snapshot_and_records
     assert set(records) == {d.id for d in first + later}  # nothing lost
     assert {r.model.cascade_sha256 for d in first for r in records[d.id][:1]} == {old}
     assert {r.model.cascade_sha256 for d in later for r in records[d.id]} == {new}
+
+
+def test_thousands_of_invented_languages_neither_kill_a_worker_nor_grow_the_metrics(
+    kafka_settings: KafkaSettings, calibrated: Path
+) -> None:
+    # Each record its own made-up tag; a few tags that are not tags at all (a newline and
+    # a terminal escape would reach log lines) are dead letters naming the field.
+    rng = random.Random(3)
+    pool = texts(50)
+    good = [
+        InputDocument(id=f"l-{i}", text=pool[i % len(pool)], lang=f"zz-{i:06d}")
+        for i in range(3000)
+    ]
+    bad = {
+        f"bad-{i}": lang
+        for i, lang in enumerate(["en\nFAKE LOG LINE", "de\x1b[31m", "english please", "e"])
+    }
+    rows = [(d.id.encode(), d.model_dump_json().encode()) for d in good]
+    rows += [
+        (k.encode(), json.dumps({"id": k, "text": pool[0], "lang": v}).encode())
+        for k, v in bad.items()
+    ]
+    rng.shuffle(rows)
+    produce(kafka_settings, rows)
+    port = free_port()
+    job = kascade_run(
+        kafka_settings,
+        calibrated,
+        "--cascade",
+        "on",
+        "--cascade.audit-fraction",
+        "1",
+        "--cascade.max-languages",
+        "8",
+        "--workers",
+        "2",
+        "--metrics-port",
+        str(port),
+    )  # tails, so the metrics can be read before it stops
+    try:
+        wait_for(kafka_settings, {d.id for d in good}, job, timeout_s=400)
+        followed = []  # per worker process: the languages its test and gauge follow
+        for worker_port in (port, port + 1):
+            body = urllib.request.urlopen(
+                f"http://127.0.0.1:{worker_port}/metrics", timeout=5
+            ).read()
+            series = [
+                line
+                for line in body.decode().splitlines()
+                if line.startswith("kascade_cascade_guarantee{")
+            ]
+            followed.append({line.split('lang="')[1].split('"')[0] for line in series})
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    assert "Traceback" not in err and "FAKE LOG LINE" not in err
+    for langs in followed:  # 8 named, the pool, overall
+        assert len(langs) == 8 + 2 and {"all", "other"} <= langs, langs
+    dead = {
+        d.original_key().decode(): d
+        for d in (
+            DeadLetter.model_validate_json(v)
+            for _, v in read_all(kafka_settings, kafka_settings.dead_letter_topic)
+        )
+    }
+    assert set(dead) == set(bad)
+    assert all(d.reason.value == "schema" and "lang" in d.detail for d in dead.values())

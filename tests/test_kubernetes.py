@@ -54,10 +54,12 @@ def pod_env(k8s: dict[str, dict[str, Any]], ordinal: int) -> dict[str, str]:
     for var in c["env"]:
         source = var.get("valueFrom", {})
         if "fieldRef" in source:
-            assert source["fieldRef"]["fieldPath"] == (
-                "metadata.labels['apps.kubernetes.io/pod-index']"
-            )
-            env[var["name"]] = str(ordinal)
+            field = source["fieldRef"]["fieldPath"]
+            pod = {
+                "metadata.labels['apps.kubernetes.io/pod-index']": str(ordinal),
+                "status.podIP": f"10.0.0.{10 + ordinal}",
+            }
+            env[var["name"]] = pod[field]
         elif "secretKeyRef" in source:
             env[var["name"]] = secrets[source["secretKeyRef"]["key"]]
         else:
@@ -161,7 +163,7 @@ def test_the_probes_ask_the_supervisor_what_it_answers(container: dict[str, Any]
     probes = {k: container[k]["httpGet"] for k in ("livenessProbe", "readinessProbe")}
     assert {p["port"] for p in probes.values()} == {"control"}
     port = free_port()
-    server = ControlServer(f"127.0.0.1:{port - 1}", 1, on_drain=lambda: None)
+    server = ControlServer(f"127.0.0.1:{port - 1}", 1, on_drain=lambda: None, token="t")
     try:
 
         def status(path: str) -> int:

@@ -145,6 +145,7 @@ def test_two_hosts_run_one_job_when_each_gets_the_address_list_and_its_id(
             addresses,
             "--process-id",
             str(i),
+            env={**os.environ, "KASCADE_CLUSTER__CONTROL_TOKEN": "test-cluster-token"},
         )
         for i in range(2)
     ]

@@ -8,6 +8,8 @@ import pytest
 from kascade.schemas.settings import load_settings
 from pydantic import ValidationError
 
+from kascade.errors import UsageError
+
 
 def test_flags_beat_environment_which_beats_the_config_file(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -56,13 +58,38 @@ def test_an_unknown_setting_is_rejected() -> None:
         load_settings(kafka={"brokerz": "x"})
 
 
+TOKEN = {"control_token": "t0k3n"}
+
+
+def test_a_job_over_several_hosts_is_refused_without_a_control_token() -> None:
+    with pytest.raises(ValidationError, match="needs a control token"):
+        load_settings(addresses="h:7000;h:7002", process_id=0)
+
+
+def test_the_control_token_is_read_from_its_file_and_never_shown(tmp_path) -> None:
+    (tmp_path / "token").write_text("from-a-file\n")
+    s = load_settings(
+        addresses="h:7000;h:7002",
+        process_id=0,
+        cluster={"control_token_file": str(tmp_path / "token")},
+    )
+    assert s.cluster.token() == "from-a-file"
+    assert "t0k3n" not in repr(
+        load_settings(addresses="h:7000;h:7002", process_id=0, cluster=TOKEN)
+    )
+    (tmp_path / "empty").write_text("  \n")
+    empty = s.cluster.model_copy(update={"control_token_file": tmp_path / "empty"})
+    with pytest.raises(UsageError, match="is empty"):
+        empty.token()
+
+
 def test_a_cluster_whose_control_port_is_another_process_address_is_refused() -> None:
     with pytest.raises(ValidationError, match=r"control port .* is h:7001, another process"):
         load_settings(addresses="h:7000;h:7001", process_id=0)
-    spaced = load_settings(addresses="h:7000;h:7002", process_id=1)
+    spaced = load_settings(addresses="h:7000;h:7002", process_id=1, cluster=TOKEN)
     assert spaced.hosts == ["h:7000", "h:7002"]
     offset = load_settings(
-        addresses="h:7000;h:7001", process_id=1, cluster={"control_port_offset": 2}
+        addresses="h:7000;h:7001", process_id=1, cluster={"control_port_offset": 2, **TOKEN}
     )
     assert offset.cluster.connect_timeout_s == 120
 

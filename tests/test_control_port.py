@@ -1,0 +1,151 @@
+"""The control port as a hostile neighbour finds it: drains without the token or with a
+wrong one, bodies and heads too large, garbage, slow and idle connections by the
+thousand. None drains the job or keeps the port from answering its probes."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from kascade.dataflow.local_broker import free_port
+from kascade.dataflow.peers import READ_TIMEOUT_S, ControlServer, Peer, ask_to_drain, probe
+
+TOKEN = "s3cret-control-token"
+
+
+class Drains:
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self) -> None:
+        self.count += 1
+
+
+@pytest.fixture
+def server():
+    port = free_port()
+    drains = Drains()
+    control = ControlServer(f"127.0.0.1:{port - 1}", 1, drains, token=TOKEN)
+    control.state = "running"
+    yield control, port, drains
+    control.close()
+
+
+def post(port: int, headers: dict[str, str] | None = None, data: bytes = b"") -> int:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/drain", data=data, method="POST", headers=headers or {}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def raw(port: int, data: bytes, timeout: float = 5) -> bytes:
+    """What the server answers to ``data`` sent as it is (b"": closed unanswered)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(data)
+        chunks = []
+        while chunk := s.recv(4096):
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+def peer(port: int) -> Peer:
+    return Peer(0, f"127.0.0.1:{port - 1}", ("127.0.0.1", port))
+
+
+def test_a_drain_without_the_token_or_with_a_wrong_one_is_refused_and_logged(
+    server, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, port, drains = server
+    with caplog.at_level(logging.WARNING, logger="kascade.dataflow.peers"):
+        assert post(port) == 403
+        assert post(port, {"Authorization": "Bearer guess"}) == 403
+        assert post(port, {"Authorization": f"Bearer {TOKEN}x"}) == 403
+        assert post(port, {"Authorization": TOKEN}) == 403
+        assert not ask_to_drain(peer(port), "guess")
+    assert drains.count == 0
+    refusals = [r.getMessage() for r in caplog.records]
+    assert refusals[0] == "refused a drain request from 127.0.0.1: no token"
+    assert refusals[1] == "refused a drain request from 127.0.0.1: wrong token"
+    assert probe(peer(port)) == "running"
+
+
+def test_the_token_drains_and_the_drain_is_logged_with_its_source(
+    server, caplog: pytest.LogCaptureFixture
+) -> None:
+    _, port, drains = server
+    with caplog.at_level(logging.WARNING, logger="kascade.dataflow.peers"):
+        assert ask_to_drain(peer(port), TOKEN)
+        deadline = time.monotonic() + 2
+        while drains.count == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert drains.count == 1
+    assert "drain requested by 127.0.0.1" in caplog.messages
+
+
+def test_a_drain_with_a_body_or_a_huge_declared_length_is_refused_at_once(server) -> None:
+    _, port, drains = server
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    assert post(port, auth, data=b"x" * 100) == 413
+    began = time.monotonic()
+    answer = raw(
+        port,
+        f"POST /drain HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\n"
+        "Content-Length: 1000000000\r\n\r\n".encode(),
+    )
+    assert answer.startswith(b"HTTP/1.1 413") and time.monotonic() - began < 1
+    assert drains.count == 0
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",  # a TLS hello
+        b"GET\r\n\r\n",
+        b"GET /state HTTP/1.1\r\nno colon here\r\n\r\n",
+        b"\xff\xfe\xfd\r\n\r\n",
+    ],
+)
+def test_garbage_gets_a_400_and_the_port_goes_on_answering(server, data: bytes) -> None:
+    _, port, drains = server
+    assert raw(port, data).startswith(b"HTTP/1.1 400")
+    assert probe(peer(port)) == "running" and drains.count == 0
+
+
+def test_a_head_larger_than_the_limit_is_closed_unanswered(server) -> None:
+    _, port, _ = server
+    huge = b"GET /state HTTP/1.1\r\nX-Pad: " + b"a" * 100_000 + b"\r\n\r\n"
+    try:
+        answer = raw(port, huge)
+    except ConnectionResetError:
+        answer = b""
+    assert answer == b""
+    assert probe(peer(port)) == "running"
+
+
+def test_a_slow_connection_is_cut_after_the_read_timeout(server) -> None:
+    _, port, _ = server
+    began = time.monotonic()
+    assert raw(port, b"GET /sta", timeout=READ_TIMEOUT_S + 5) == b""
+    assert READ_TIMEOUT_S - 0.5 < time.monotonic() - began < READ_TIMEOUT_S + 2
+
+
+def test_a_thousand_idle_connections_leave_the_probes_answered_within_a_second(server) -> None:
+    _, port, _ = server
+    idle = []
+    try:
+        for _ in range(1000):
+            idle.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+        began = time.monotonic()
+        assert probe(peer(port), timeout_s=1.0) == "running"
+        assert time.monotonic() - began < 1.0
+    finally:
+        for s in idle:
+            s.close()
