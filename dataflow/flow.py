@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from pathlib import PurePosixPath, PureWindowsPath
 
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError
@@ -81,12 +82,27 @@ def deliver(labels: Stream[Outgoing], dead: Stream[DeadLetter], settings: Settin
         op.output("kafka_out", results, DeliveryCheckedSink(k))
 
 
+def public_name(source: str) -> str:
+    """What records call a model: a hub id as it is, a local directory by its own name
+    only (a path says where someone's files are, not which model it is).
+
+    >>> public_name("/home/alice/models/ft-e5"), public_name("jhu-clsp/mmBERT-small")
+    ('ft-e5', 'jhu-clsp/mmBERT-small')
+    >>> public_name("./runs/ft"), public_name("~/ft")
+    ('ft', 'ft')
+    """
+    windows = len(source) > 2 and source[1] == ":" and source[2] in "\\/"
+    if source.startswith(("/", ".", "~")) or windows or "\\" in source:
+        return PureWindowsPath(source).name if "\\" in source else PurePosixPath(source).name
+    return source
+
+
 def model_identity(model: Loaded, cascade: Cascade | None = None) -> ModelIdentity:
     """The model, and the calibration in force when the cascade runs (a new cascade.json
     takes effect on the next start; its records say so)."""
     m = model.manifest
     return ModelIdentity(
-        name=m.source,
+        name=public_name(m.source),
         variant=m.variant,
         manifest_sha256=model.manifest_sha256,
         cascade_sha256=None if cascade is None else cascade.sha256,

@@ -34,7 +34,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, Resourc
 from kascade.dataflow.health import LINK, FoldConnectionErrors, means_unreachable
 from kascade.dataflow.supervisor import announce_joined
 from kascade.operators.items import Outgoing
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.settings import KafkaSettings, is_secret
 
 from kascade.errors import KascadeError, UsageError
 
@@ -86,7 +86,10 @@ def check_client_config(settings: KafkaSettings) -> None:
         try:
             client = make(_startup_config(settings))
         except (KafkaException, ValueError, TypeError) as e:
-            reason = e.args[0].str() if e.args and isinstance(e.args[0], KafkaError) else e
+            reason = e.args[0].str() if e.args and isinstance(e.args[0], KafkaError) else str(e)
+            for prop, value in settings.extra.items():  # librdkafka may quote a value
+                if is_secret(prop) and value:
+                    reason = reason.replace(value, "**********")
             raise UsageError(f"invalid Kafka {kind} settings (kafka.extra?): {reason}") from None
         if isinstance(client, Consumer):
             client.close()

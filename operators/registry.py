@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
 from kascade.schemas.events import RegistrySettings
@@ -77,10 +78,15 @@ def riding_outages(
             waited = clock() - started
             if waited >= settings.outage_tolerance_s:
                 raise RegistryUnavailable(
-                    f"Schema Registry at {settings.url} unreachable for {waited:.0f} s"
-                    f" (registry.outage_tolerance_s = {settings.outage_tolerance_s:g}): {e}"
+                    f"Schema Registry at {settings.shown_url} unreachable for {waited:.0f} s"
+                    f" (registry.outage_tolerance_s = {settings.outage_tolerance_s:g}):"
+                    f" {_without_url(e, settings)}"
                 ) from None
-            log.warning("Schema Registry at %s unreachable (%s); retrying", settings.url, e)
+            log.warning(
+                "Schema Registry at %s unreachable (%s); retrying",
+                settings.shown_url,
+                _without_url(e, settings),
+            )
             sleep(wait)
             wait = min(wait * 2, _BACKOFF_MAX_S)
 
@@ -99,6 +105,16 @@ def check_registry(settings: RegistrySettings) -> None:
             else f"{type(e).__name__}: {e}"
         )
         raise RegistryUnavailable(
-            f"cannot use the Schema Registry at {settings.url} within"
-            f" {settings.timeout_s:g}s: {why}"
+            f"cannot use the Schema Registry at {settings.shown_url} within"
+            f" {settings.timeout_s:g}s: {_without_url(why, settings)}"
         ) from None
+
+
+def _without_url(error: object, settings: RegistrySettings) -> str:
+    """An error's text with the registry's URL (and any password in it) as shown."""
+    text = str(error)
+    if settings.url is None:
+        return text
+    text = text.replace(settings.url, str(settings.shown_url))
+    password = urlsplit(settings.url).password
+    return text.replace(password, "***") if password else text

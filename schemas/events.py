@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 from pydantic_settings import CliSuppress
@@ -181,6 +182,20 @@ class RegistrySettings(BaseModel):
         description="How long the running job retries an unreachable registry before it"
         " exits non-zero saying so.",
     )
+
+    @property
+    def shown_url(self) -> str | None:
+        """The URL as messages show it: without a user and password in it.
+
+        >>> RegistrySettings(url="https://alice:pw@registry:8081/apis").shown_url
+        'https://***@registry:8081/apis'
+        """
+        if self.url is None:
+            return None
+        parts = urlsplit(self.url)
+        if "@" not in parts.netloc:
+            return self.url
+        return urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
 
     def client_config(self) -> dict[str, object]:
         """confluent-kafka's SchemaRegistryClient configuration (the only place the

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
+from collections.abc import Callable
 from contextvars import ContextVar
 from enum import Enum, StrEnum
 from pathlib import Path
@@ -47,6 +49,22 @@ from kascade.errors import UsageError
 S = TypeVar("S", bound=BaseSettings)
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
 SaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+
+
+# librdkafka properties whose values are secrets: passwords, client secrets, private
+# keys and keystores, JAAS and OAuth configurations that may embed them.
+_SECRET_PROPERTY = re.compile(r"password|secret|ssl\.key|keystore|jaas|oauthbearer\.config")
+
+
+def is_secret(prop: str) -> bool:
+    """Whether a librdkafka property holds a secret.
+
+    >>> is_secret("ssl.key.password"), is_secret("sasl.oauthbearer.client.secret")
+    (True, True)
+    >>> is_secret("client.id"), is_secret("ssl.ca.location")
+    (False, False)
+    """
+    return _SECRET_PROPERTY.search(prop.lower()) is not None
 
 
 class KafkaSettings(BaseModel):
@@ -89,7 +107,9 @@ class KafkaSettings(BaseModel):
     )
     extra: dict[str, str] = Field(
         default_factory=dict,
-        description="Further librdkafka properties, passed through unchanged.",
+        description="Further librdkafka properties, passed through unchanged; secret ones"
+        " (passwords, client secrets, keys) only from the environment or the config file,"
+        " and never shown.",
     )
     connect_timeout_s: float = Field(
         default=15.0,
@@ -159,6 +179,13 @@ class KafkaSettings(BaseModel):
         " aborting it; outages longer than this restart the workers from the last"
         " snapshot. At most the broker's transaction.max.timeout.ms.",
     )
+
+    def __repr_args__(self) -> Any:
+        # A secret property in extra never reaches a log line, an error or a traceback.
+        for name, value in super().__repr_args__():
+            if name == "extra":
+                value = {k: "**********" if is_secret(k) else v for k, v in value.items()}
+            yield name, value
 
     @model_validator(mode="after")
     def _sasl_is_complete(self) -> KafkaSettings:
@@ -547,10 +574,40 @@ def flags_for(model: type[S], parser: argparse.ArgumentParser) -> CliSettingsSou
     )
     for action in parser._actions:
         field = _field_at(model, action.dest)
-        if field is not None and action.help != argparse.SUPPRESS:
-            action.help, metavar = describe_flag(field)
-            action.metavar = metavar or action.metavar
+        if field is None:
+            continue
+        if action.help == argparse.SUPPRESS:  # a secret: hidden, and refused if given
+            action.type = _refuse_secret(action.dest)
+            continue
+        action.help, metavar = describe_flag(field)
+        action.metavar = metavar or action.metavar
+        if action.dest == "kafka.extra":
+            action.type = _no_secret_properties
     return source
+
+
+def _refuse_secret(dest: str) -> Callable[[str], str]:
+    variable = "KASCADE_" + dest.upper().replace(".", "__")
+
+    def refuse(_value: str) -> str:
+        raise argparse.ArgumentTypeError(
+            f"a secret is not a flag (every user of the host can read argv): set {variable}"
+            " or put it in the --config file"
+        )
+
+    return refuse
+
+
+def _no_secret_properties(text: str) -> str:
+    """``KEY=VALUE,...`` for ``--kafka.extra``, refused when a key holds a secret."""
+    for pair in text.split(","):
+        key = pair.partition("=")[0].strip()
+        if is_secret(key):
+            raise argparse.ArgumentTypeError(
+                f"{key} holds a secret, which is not a flag (every user of the host can read"
+                " argv): set it in KASCADE_KAFKA__EXTRA or under [kafka.extra] in --config"
+            )
+    return text
 
 
 def _field_at(model: type[BaseModel], dest: str) -> FieldInfo | None:

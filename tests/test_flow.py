@@ -120,3 +120,5 @@ def test_output_records_are_keyed_by_document_id_and_match_the_schema(
         jsonschema.validate(record, load("output.schema.json"))
         assert key == record["id"].encode()
         assert record["model"]["variant"] == "fp32"
+        # Exported from a checkpoint in a local directory: named by it, not by its path.
+        assert "/" not in record["model"]["name"], record["model"]["name"]
