@@ -6,6 +6,7 @@ volumes and resources are the ones the settings and the supervisor use."""
 from __future__ import annotations
 
 import copy
+import re
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -50,7 +51,6 @@ def pod_env(k8s: dict[str, dict[str, Any]], ordinal: int) -> dict[str, str]:
     """The environment Kubernetes gives pod ``ordinal``'s container."""
     (c,) = k8s["StatefulSet"]["spec"]["template"]["spec"]["containers"]
     env = dict(k8s["ConfigMap"]["data"])
-    secrets = k8s["Secret"]["stringData"]
     for var in c["env"]:
         source = var.get("valueFrom", {})
         if "fieldRef" in source:
@@ -60,8 +60,8 @@ def pod_env(k8s: dict[str, dict[str, Any]], ordinal: int) -> dict[str, str]:
                 "status.podIP": f"10.0.0.{10 + ordinal}",
             }
             env[var["name"]] = pod[field]
-        elif "secretKeyRef" in source:
-            env[var["name"]] = secrets[source["secretKeyRef"]["key"]]
+        elif "secretKeyRef" in source:  # the operator's own Secret (kustomization.yaml)
+            env[var["name"]] = f"secret-of-{source['secretKeyRef']['key']}"
         else:
             env[var["name"]] = var["value"]
     return env
@@ -93,7 +93,7 @@ def test_every_manifest_is_valid_against_the_kubernetes_schemas(
 ) -> None:
     assert set(k8s) == {
         "ConfigMap",
-        "Secret",
+        "NetworkPolicy",
         "PersistentVolumeClaim",
         "Service",
         "StatefulSet",
@@ -110,11 +110,69 @@ def test_the_validation_would_catch_a_misspelled_field(k8s: dict[str, dict[str, 
         kubernetes_validate.validate(broken, KUBERNETES, strict=True)
 
 
-def test_the_kustomization_applies_every_manifest() -> None:
-    listed = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["resources"]
+def test_the_kustomization_applies_every_manifest_and_no_secret() -> None:
+    kustomization = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())
+    listed = kustomization["resources"]
     assert sorted(listed) == sorted(
         f.name for f in DEPLOY.glob("*.yaml") if f.name != "kustomization.yaml"
     )
+    assert "secretGenerator" not in kustomization
+    for name in listed:  # the operator's Secret is never overwritten by an apply
+        kinds = {d["kind"] for d in yaml.safe_load_all((DEPLOY / name).read_text())}
+        assert "Secret" not in kinds, name
+
+
+def test_the_image_is_pinned_by_digest(container: dict[str, Any]) -> None:
+    (image,) = yaml.safe_load((DEPLOY / "kustomization.yaml").read_text())["images"]
+    assert image["name"] == container["image"]
+    assert re.fullmatch(r"sha256:[0-9a-f]{64}", image["digest"])
+    assert ":" not in container["image"]  # no tag that could move
+
+
+def test_the_pod_meets_pod_security_restricted_field_by_field(
+    k8s: dict[str, dict[str, Any]], container: dict[str, Any]
+) -> None:
+    pod = k8s["StatefulSet"]["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        assert not pod.get(key, False), key
+    psc, csc = pod["securityContext"], container["securityContext"]
+    assert psc["runAsNonRoot"] is True and psc["runAsUser"] > 0 and psc["runAsGroup"] > 0
+    assert psc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert csc["allowPrivilegeEscalation"] is False
+    assert csc["capabilities"] == {"drop": ["ALL"]}
+    assert not csc.get("privileged", False)
+    assert csc["readOnlyRootFilesystem"] is True
+    assert all("hostPort" not in p for p in container["ports"])
+    allowed = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral"}
+    allowed |= {"persistentVolumeClaim", "projected", "secret"}
+    for volume in pod["volumes"]:
+        assert set(volume) - {"name"} <= allowed, volume
+    # Where a read-only root leaves the process room to write, bounded.
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+    (tmp,) = [v for v in pod["volumes"] if v["name"] == mounts["/tmp"]]
+    assert tmp["emptyDir"]["sizeLimit"]
+    resources = container["resources"]
+    assert resources["requests"]["ephemeral-storage"] and resources["limits"]["ephemeral-storage"]
+
+
+def test_the_network_policy_opens_exactly_the_ports_the_settings_derive(
+    k8s: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = settings_of_pod(k8s, 0, monkeypatch)
+    policy = k8s["NetworkPolicy"]["spec"]
+    assert policy["podSelector"] == k8s["StatefulSet"]["spec"]["selector"]
+    assert policy["policyTypes"] == ["Ingress"]
+    peers, monitoring = policy["ingress"]
+    assert settings.hosts is not None
+    dataflow = int(settings.hosts[0].rpartition(":")[2])
+    control = dataflow + settings.cluster.control_port_offset
+    assert peers["from"] == [{"podSelector": policy["podSelector"]}]
+    assert {p["port"] for p in peers["ports"]} == {dataflow, control}
+    assert monitoring["from"] == [
+        {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    ]
+    assert [p["port"] for p in monitoring["ports"]] == [settings.metrics_port]
 
 
 def test_the_container_runs_kascade_run(container: dict[str, Any]) -> None:
@@ -195,7 +253,7 @@ def test_each_pod_keeps_its_recovery_partition_on_its_own_volume_and_reads_the_m
     assert models["readOnly"] is True
     assert settings.model_dir is not None
     assert settings.model_dir.is_relative_to(models["mountPath"])
-    (volume,) = spec["template"]["spec"]["volumes"]
+    (volume,) = [v for v in spec["template"]["spec"]["volumes"] if v["name"] == "models"]
     assert (
         volume["persistentVolumeClaim"]["claimName"]
         == k8s["PersistentVolumeClaim"]["metadata"]["name"]
