@@ -121,7 +121,9 @@ def cascade_use(settings: Settings, model: Loaded) -> tuple[CascadeUse, Cascade 
     present = (model.directory / CASCADE_FILE).is_file()
     if c.mode == "off" or (c.mode == "auto" and not present):
         return CascadeUse.OFF, None
-    cascade = Cascade.load(model.directory, model.manifest_sha256, c.operating_point)
+    cascade = Cascade.load(
+        model.directory, model.manifest_sha256, c.operating_point, model.manifest
+    )
     problem = cascade.certified_for(settings.chunking, model.manifest.files[TOKENIZER])
     if problem is None:
         return CascadeUse.ON, cascade

@@ -49,7 +49,10 @@ from kascade.schemas.cascade import (
     OperatingPoint,
     StopRule,
 )
+from kascade.schemas.manifest import ModelManifest
+from kascade.schemas.problems import first_problem
 from kascade.schemas.settings import CascadeSettings, ChunkSettings
+from pydantic import ValidationError
 
 Stage = str  # "s0" | "s1" | "full" | "skipped"
 
@@ -80,6 +83,23 @@ def pooled(states: np.ndarray) -> np.ndarray:
     return states.reshape(-1, states.shape[-1]).mean(axis=0)
 
 
+def _misfit(spec: CascadeSpec, manifest: ModelManifest) -> str | None:
+    """Why ``spec``'s heads cannot read this model's states (``None``: they can)."""
+    if spec.labels != manifest.labels:
+        return f"its labels {spec.labels} are not the model's {manifest.labels}"
+    if spec.cascade_layer != manifest.cascade_layer:
+        return f"its layer {spec.cascade_layer} is not the model's {manifest.cascade_layer}"
+    want = (len(manifest.labels), manifest.hidden_size)
+    for head in (spec.s0, spec.s1):
+        if head.shape() != want:
+            return f"the {head.feature} head is {head.shape()}, the model needs {want}"
+    stop = spec.document_stop
+    on_topic = None if stop is None else stop.on_topic
+    if on_topic is not None and on_topic.shape() != (2, manifest.hidden_size):
+        return f"the on-topic head is {on_topic.shape()}, not (2, {manifest.hidden_size})"
+    return None
+
+
 @dataclass(frozen=True)
 class Cascade:
     """Loaded heads and the operating point in force."""
@@ -93,10 +113,15 @@ class Cascade:
 
     @classmethod
     def load(
-        cls, model_dir: Path, manifest_sha256: str, operating_point: str | None = None
+        cls,
+        model_dir: Path,
+        manifest_sha256: str,
+        operating_point: str | None = None,
+        manifest: ModelManifest | None = None,
     ) -> Cascade:
         """The heads and operating point of ``model_dir/cascade.json``, checked against
-        the model; raises :class:`CascadeMismatch` with one line saying what to do."""
+        the model (its labels, layer and sizes too, given its ``manifest``); raises
+        :class:`CascadeMismatch` with one line saying what to do."""
         path = Path(model_dir) / CASCADE_FILE
         if not path.is_file():
             raise CascadeMismatch(f"{model_dir} has no {CASCADE_FILE}; run kascade calibrate")
@@ -109,10 +134,16 @@ class Cascade:
                     f" {CASCADE_VERSION}; run kascade calibrate again"
                 )
             spec = CascadeSpec.model_validate(raw)
-        except (ValueError, AttributeError) as e:  # JSON or schema: ValidationError is one
+        except ValidationError as e:
+            raise CascadeMismatch(f"{path}: {first_problem(e)}") from None
+        except (ValueError, AttributeError) as e:  # not JSON, or not an object
             raise CascadeMismatch(f"{path} is not a valid {CASCADE_FILE}: {e}") from None
         if spec.model_manifest_sha256 != manifest_sha256:
             raise CascadeMismatch(f"{path} was calibrated for another model (manifest differs)")
+        if manifest is not None:
+            problem = _misfit(spec, manifest)
+            if problem is not None:
+                raise CascadeMismatch(f"{path}: {problem}; run kascade calibrate again")
         name = operating_point or spec.default_operating_point
         if name not in spec.operating_points:
             raise CascadeMismatch(
@@ -387,7 +418,8 @@ def _worker_cascade(
     model_dir: str, threads: int, operating_point: str | None, audit_fraction: float
 ) -> CheapStages:
     encoder = worker_encoder(model_dir, threads, "stages")
-    cascade = Cascade.load(Path(model_dir), encoder.model.manifest_sha256, operating_point)
+    model = encoder.model
+    cascade = Cascade.load(Path(model_dir), model.manifest_sha256, operating_point, model.manifest)
     return cheap_stages(encoder, cascade, audit_fraction)
 
 

@@ -24,6 +24,7 @@ from kascade.schemas.manifest import (
     PREFIX_GRAPH,
     SUFFIX_GRAPH,
     TOKENIZER,
+    ManifestMismatch,
     ModelManifest,
     read_manifest,
 )
@@ -50,7 +51,12 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
     Checkpoints often ship ``tokenizer.json`` with truncation at 128 or 512 tokens;
     left on, a long document would silently become one truncated chunk.
     """
-    tok = Tokenizer.from_file(str(path))
+    try:
+        tok = Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises its own untyped errors
+        raise ManifestMismatch(
+            f"{path}: not a tokenizer ({str(e).splitlines()[0][:200]})"
+        ) from None
     tok.no_truncation()
     tok.no_padding()
     return tok

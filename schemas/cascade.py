@@ -9,8 +9,10 @@ them.
 
 from __future__ import annotations
 
+import math
+
 from kascade.schemas.records import Aggregation
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kascade.errors import UsageError
 
@@ -101,12 +103,29 @@ class HeadWeights(BaseModel):
     weight: list[list[float]] = Field(description="labels x hidden_size")
     bias: list[float]
 
+    @model_validator(mode="after")
+    def _a_matrix_of_numbers(self) -> HeadWeights:
+        rows = {len(r) for r in self.weight}
+        if not self.weight or len(rows) != 1 or 0 in rows:
+            raise ValueError(f"{self.feature} head: weight is not a non-empty matrix")
+        if len(self.bias) != len(self.weight):
+            raise ValueError(
+                f"{self.feature} head: {len(self.bias)} biases for {len(self.weight)} rows"
+            )
+        values = [v for r in self.weight for v in r] + self.bias
+        if not all(math.isfinite(v) for v in values):
+            raise ValueError(f"{self.feature} head: weights must be finite numbers")
+        return self
+
+    def shape(self) -> tuple[int, int]:
+        return len(self.weight), len(self.weight[0])
+
 
 class OperatingPoint(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    threshold_s0: float = Field(ge=0.0, le=1.01, description="> 1 disables the stage")
-    threshold_s1: float = Field(ge=0.0, le=1.01)
+    threshold_s0: float = Field(gt=0.0, le=1.01, description="> 1 disables the stage")
+    threshold_s1: float = Field(gt=0.0, le=1.01)
     epsilon: float = Field(gt=0, lt=1)
     delta: float = Field(gt=0, lt=1)
     expected_share_s0: float

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kascade.schemas.files import write_text_atomically
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from kascade.schemas.problems import first_problem
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kascade.errors import KascadeError, UsageError
 
@@ -40,6 +41,8 @@ STAGE_GRAPHS = (EMBED_GRAPH, PREFIX_GRAPH, SUFFIX_GRAPH)
 WEIGHTS = "weights.bin"
 TOKENIZER = "tokenizer.json"
 LABELS = "labels.json"
+# What every model directory holds, whatever made it.
+REQUIRED_FILES = (FULL_GRAPH, *STAGE_GRAPHS, TOKENIZER)
 
 
 class ManifestMismatch(KascadeError):
@@ -121,6 +124,26 @@ class ModelManifest(BaseModel):
             raise ValueError("labels must be unique")
         return labels
 
+    @field_validator("files")
+    @classmethod
+    def _files_inside(cls, files: dict[str, str]) -> dict[str, str]:
+        for name, digest in files.items():
+            path = PurePosixPath(name)
+            if not name or "\\" in name or path.is_absolute() or ".." in path.parts:
+                raise ValueError(f"{name!r} is not a file inside the model directory")
+            if len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+                raise ValueError(f"{name}: {digest!r} is not a sha256 hex digest")
+        return files
+
+    @model_validator(mode="after")
+    def _layer_inside(self) -> ModelManifest:
+        if not 0 < self.cascade_layer < self.num_layers:
+            raise ValueError(
+                f"cascade_layer {self.cascade_layer} is not a layer inside the model's"
+                f" {self.num_layers}"
+            )
+        return self
+
     def label_index(self, label: str) -> int:
         return self.labels.index(label)
 
@@ -140,13 +163,26 @@ def write_manifest(directory: Path, manifest: ModelManifest) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def _json_or_none(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes())
+    except (ValueError, OSError):
+        return None
+
+
 def read_manifest(directory: Path, *, verify: bool = True) -> tuple[ModelManifest, str]:
     """The manifest and its sha256; with ``verify``, every listed file's hash is checked."""
     path = Path(directory) / MANIFEST
     if not path.is_file():
         raise UsageError(f"{directory} is not a kascade model directory (no {MANIFEST})")
     raw = path.read_bytes()
-    manifest = ModelManifest.model_validate(json.loads(raw))
+    try:
+        manifest = ModelManifest.model_validate_json(raw)
+    except ValidationError as e:
+        raise ManifestMismatch(f"{path}: {first_problem(e)}") from None
+    missing = [name for name in REQUIRED_FILES if name not in manifest.files]
+    if missing:
+        raise ManifestMismatch(f"{path}: lists no {', '.join(missing)}")
     if manifest.format_version != FORMAT_VERSION:
         raise ManifestMismatch(
             f"{path}: format_version {manifest.format_version}, expected {FORMAT_VERSION}"
@@ -159,6 +195,6 @@ def read_manifest(directory: Path, *, verify: bool = True) -> tuple[ModelManifes
             if sha256_file(f) != digest:
                 raise ManifestMismatch(f"{directory}: {name} does not match its manifest sha256")
         labels_file = Path(directory) / LABELS
-        if labels_file.is_file() and json.loads(labels_file.read_text()) != manifest.labels:
+        if labels_file.is_file() and _json_or_none(labels_file) != manifest.labels:
             raise ManifestMismatch(f"{directory}: {LABELS} disagrees with the manifest's labels")
     return manifest, hashlib.sha256(raw).hexdigest()

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 from kascade.schemas.events import InputSettings, OutputSettings, RegistrySettings, check_formats
+from kascade.schemas.problems import first_problem
 from kascade.schemas.records import Aggregation
 from pydantic import (
     BaseModel,
@@ -630,8 +631,9 @@ def describe_flag(field: FieldInfo) -> tuple[str, str | None]:
     '{token_mean,max,majority}'
     >>> print(describe_flag(InputSettings.model_fields["separator"])[0])
     Between the texts of several paths. (default: '\n\n')
-    >>> describe_flag(KafkaSettings.model_fields["extra"])
-    ('Further librdkafka properties, passed through unchanged. (default: none)', 'KEY=VALUE,...')
+    >>> help, metavar = describe_flag(KafkaSettings.model_fields["extra"])
+    >>> help.endswith("never shown. (default: none)"), metavar
+    (True, 'KEY=VALUE,...')
     """
     default = field.get_default(call_default_factory=True)
     kinds = [a for a in (field.annotation, *get_args(field.annotation)) if a is not type(None)]
@@ -661,11 +663,7 @@ def describe_flag(field: FieldInfo) -> tuple[str, str | None]:
 
 def settings_error(e: ValidationError) -> UsageError:
     """The first problem of invalid settings, as one line."""
-    first = e.errors(include_url=False)[0]
-    where = ".".join(str(p) for p in first["loc"])
-    # A validator's own message needs no "Value error, " in front of it.
-    message = first["msg"].removeprefix("Value error, ")
-    return UsageError(f"invalid settings: {where + ': ' if where else ''}{message}")
+    return UsageError(f"invalid settings: {first_problem(e)}")
 
 
 def load_settings(
