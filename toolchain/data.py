@@ -21,22 +21,37 @@ class Examples:
         return len(self.texts)
 
 
-def _rows(path: Path) -> list[dict]:
+# A long document is one field: csv's default limit (131,072 characters) would refuse
+# exactly the texts calibrate --documents is for.
+csv.field_size_limit(2**31 - 1)
+
+
+def _rows(path: Path) -> list[tuple[int, dict]]:
+    """Each row of ``path`` with the line it starts on."""
     if not path.is_file():
         raise UsageError(f"data file not found: {path}")
     suffix = path.suffix.lower()
     try:
         if suffix in (".jsonl", ".ndjson"):
             with open(path, encoding="utf-8") as f:
-                return [json.loads(line) for line in f if line.strip()]
+                rows = [(n, json.loads(line)) for n, line in enumerate(f, 1) if line.strip()]
+            for n, row in rows:
+                if not isinstance(row, dict):
+                    raise UsageError(
+                        f"{path}:{n}: a row is a JSON object, not {type(row).__name__}"
+                    )
+            return rows
         if suffix in (".tsv", ".csv"):
             with open(path, encoding="utf-8", newline="") as f:
                 delimiter = "\t" if suffix == ".tsv" else ","
                 quoting = csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL
-                return list(csv.DictReader(f, delimiter=delimiter, quoting=quoting))
+                reader = csv.DictReader(f, delimiter=delimiter, quoting=quoting)
+                return [(reader.line_num, row) for row in reader]
         if suffix == ".txt":
             with open(path, encoding="utf-8") as f:
-                return [{"text": line.rstrip("\n")} for line in f if line.strip()]
+                return [
+                    (n, {"text": line.rstrip("\n")}) for n, line in enumerate(f, 1) if line.strip()
+                ]
     except (UnicodeDecodeError, json.JSONDecodeError, csv.Error) as e:
         raise UsageError(f"cannot read {path}: {e}") from None
     raise UsageError(f"{path}: unsupported data format {suffix!r} (use .tsv, .csv, .jsonl, .txt)")
@@ -45,17 +60,25 @@ def _rows(path: Path) -> list[dict]:
 def read_examples(
     path: Path | str, *, text_column: str = "text", label_column: str | None = "label"
 ) -> Examples:
-    """Texts (and labels, if ``label_column`` is given) from ``path``."""
+    """Texts (and labels, if ``label_column`` is given) from ``path``; every row must have
+    them, as text or a number (UsageError naming the line otherwise)."""
     path = Path(path)
     rows = _rows(path)
     if not rows:
         raise UsageError(f"{path} has no rows")
-    columns = list(rows[0].keys())
+    columns = list(rows[0][1].keys())
     for col in (text_column, label_column):
         if col is not None and col not in columns:
             raise UsageError(f"{path} has no column {col!r}; its columns are {', '.join(columns)}")
-    texts = [str(r[text_column]) for r in rows]
-    labels = None if label_column is None else [str(r[label_column]) for r in rows]
+
+    def cell(n: int, row: dict, col: str) -> str:
+        value = row.get(col)
+        if isinstance(value, bool) or not isinstance(value, str | int | float):
+            raise UsageError(f"{path}:{n}: {col!r} is {'missing' if value is None else 'not text'}")
+        return str(value)
+
+    texts = [cell(n, r, text_column) for n, r in rows]
+    labels = None if label_column is None else [cell(n, r, label_column) for n, r in rows]
     return Examples(texts, labels)
 
 
