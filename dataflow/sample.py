@@ -108,7 +108,7 @@ def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -
     report.by_language.update(lang for _, lang, _ in rows if lang)
     report.taken = len(rows)
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for _, _, r in rows)
-    write_text_atomically(out, text)
+    write_text_atomically(out, text, private=True)  # production text: its owner's only
     return report
 
 

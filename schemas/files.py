@@ -13,11 +13,12 @@ def current_umask() -> int:
     return mask
 
 
-def write_text_atomically(path: Path | str, text: str) -> None:
+def write_text_atomically(path: Path | str, text: str, *, private: bool = False) -> None:
     """Write ``text`` to a temporary sibling, then rename it over ``path``.
 
     The file gets the permissions a plain ``open(path, "w")`` would have given it
-    (``mkstemp`` alone would leave it readable by its owner only).
+    (``mkstemp`` alone would leave it readable by its owner only), or with ``private``
+    (text from someone's production stream) its owner's alone, never anyone else's.
 
     >>> import tempfile, pathlib
     >>> p = pathlib.Path(tempfile.mkdtemp()) / "a.txt"
@@ -30,7 +31,7 @@ def write_text_atomically(path: Path | str, text: str) -> None:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-        os.chmod(tmp, 0o666 & ~current_umask())
+        os.chmod(tmp, 0o600 if private else 0o666 & ~current_umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

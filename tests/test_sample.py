@@ -76,6 +76,7 @@ def test_sample_reads_avro_events_through_the_mapping_spread_over_partitions_and
     assert r.returncode == 0, r.stderr
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 60
+    assert out.stat().st_mode & 0o777 == 0o600  # production text: its owner's only
     assert all(bodies[row["text"]] == row["lang"] for row in rows)  # decoded, not raw bytes
     langs = Counter(row["lang"] for row in rows)
     # One from each (partition, language) in turn: the quiet partition's French (13% of
