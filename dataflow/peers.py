@@ -30,8 +30,10 @@ import asyncio
 import hmac
 import ipaddress
 import logging
+import math
 import resource
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -45,6 +47,8 @@ log = logging.getLogger(__name__)
 NOT_ANSWERING = "not answering"
 # How long a connection may take to send its request (a slow or idle one is closed).
 READ_TIMEOUT_S = 2.0
+# Refused drains are logged with their source, at most one line this often.
+REFUSALS_SAID_EVERY_S = 10.0
 # The longest request head read, and the longest reply a peer's state can be.
 MAX_REQUEST_BYTES = 8192
 MAX_REPLY_BYTES = 64
@@ -145,6 +149,8 @@ class ControlServer:
         self._expected = f"Bearer {token}".encode()
         self._open = 0
         self._cap = max_connections()
+        self._refusals = 0
+        self._refusal_said_at = -math.inf
         self._loop = asyncio.new_event_loop()
         bound = bind or _bind_host(host)
         try:
@@ -194,17 +200,29 @@ class ControlServer:
             return 405, "method not allowed"
         given = headers.get("authorization", "").encode("latin-1", "replace")
         if not hmac.compare_digest(given, self._expected):
-            log.warning(
-                "refused a drain request from %s: %s",
-                client,
-                "wrong token" if given else "no token",
-            )
+            self._refused(client, "wrong token" if given else "no token")
             return 403, "forbidden"
         if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
             return 413, "a drain request has no body"
         log.warning("drain requested by %s", client)
         self._loop.call_soon(self._on_drain)
         return 200, "draining"
+
+    def _refused(self, client: str, why: str) -> None:
+        """Log a refused drain with its source, at most one line per
+        :data:`REFUSALS_SAID_EVERY_S` (a flood of requests is not a flood of lines)."""
+        self._refusals += 1
+        now = time.monotonic()
+        if now - self._refusal_said_at < REFUSALS_SAID_EVERY_S:
+            return
+        more = self._refusals - 1
+        log.warning(
+            "refused a drain request from %s: %s%s",
+            client,
+            why,
+            f" (and {more} more since the last such line)" if more else "",
+        )
+        self._refusal_said_at, self._refusals = now, 0
 
     def close(self) -> None:
         async def stop() -> None:
