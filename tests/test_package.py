@@ -61,15 +61,14 @@ def test_building_the_package_prints_no_warning(wheel_build: tuple[Path, str]) -
 
 @pytest.fixture(scope="session")
 def runtime_venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A fresh virtualenv with the wheel installed without extras: what an image has."""
+    """A fresh virtualenv installed as the image is: the runtime lock, then the wheel
+    without extras or further resolution."""
     venv = tmp_path_factory.mktemp("runtime") / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-    subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(wheel)],
-        check=True,
-        capture_output=True,
-        timeout=900,
-    )
+    pip = [str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check"]
+    lock = ROOT / "requirements" / "runtime.txt"
+    for args in (["--require-hashes", "-r", str(lock)], ["--no-deps", str(wheel)]):
+        subprocess.run([*pip, *args], check=True, capture_output=True, timeout=900)
     return venv
 
 
@@ -140,7 +139,7 @@ def test_the_image_runs_as_a_non_root_user_from_the_wheel() -> None:
     text = (ROOT / "docker" / "Dockerfile").read_text()
     runtime = text.split(" AS runtime\n", 1)[1]
     assert re.search(r"^USER kascade$", runtime, re.M)
-    assert "pip install --no-cache-dir /wheels/kascade-" in runtime
+    assert "pip install --no-cache-dir --no-deps /wheels/kascade-" in runtime
     assert "COPY schemas" not in text  # the wheel, not the folders, is what installs
 
 

