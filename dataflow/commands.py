@@ -22,7 +22,7 @@ from kascade.schemas.settings import (
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from kascade.arguments import positive
+from kascade.arguments import at_most, positive
 from kascade.errors import UsageError
 
 # Short forms of the most used settings, so everyday command lines stay short.
@@ -127,6 +127,11 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0
 
 
+# The most texts one sample writes: calibration certifies on thousands, and the places of
+# a million candidates cost ~200 MB in sample's first pass.
+SAMPLE_MAX_COUNT = 1_000_000
+
+
 def _cmd_sample(args: argparse.Namespace) -> int:
     from kascade.dataflow.sample import sample
 
@@ -168,7 +173,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="draw calibration text from the input topic, read as kascade run reads it",
         epilog=_short_forms_epilog(SAMPLE_SETTINGS),
     )
-    p.add_argument("--count", type=positive, default=2000, help="texts to write (default: 2000)")
+    p.add_argument(
+        "--count",
+        type=at_most(SAMPLE_MAX_COUNT),
+        default=2000,
+        help=f"texts to write (default: 2000, at most {SAMPLE_MAX_COUNT:,})",
+    )
     p.add_argument("--out", type=Path, required=True, help="JSON lines file for calibrate")
     _with_settings(p, SAMPLE_SETTINGS)
     p.set_defaults(func=_cmd_sample)

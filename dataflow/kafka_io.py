@@ -102,22 +102,41 @@ def check_cluster(settings: KafkaSettings, topics: Iterable[str]) -> dict[str, i
     forever in ``list_topics`` when the broker is down.
     """
     check_client_config(settings)
-    admin = AdminClient(_startup_config(settings))
+    # asking for a topic by name must not create it where the broker auto-creates topics
+    admin = AdminClient(_startup_config(settings) | {"allow.auto.create.topics": "false"})
     meta = _cluster_metadata(admin, settings)
     found: dict[str, int] = {}
-    missing = []
+    missing, denied = [], []
     for topic in topics:
         t = meta.topics.get(topic)
-        if t is None or t.error is not None:
-            missing.append(topic)
-        else:
+        if t is not None and t.error is None:
             found[topic] = len(t.partitions)
+        elif _authorization_failed(admin, topic, settings):
+            denied.append(topic)
+        else:
+            missing.append(topic)
+    if denied:
+        raise not_authorized(settings, denied, "describe")
     if missing:
         raise KafkaUnavailable(
             f"Kafka at {settings.brokers} has no topic {', '.join(repr(t) for t in missing)};"
             " create it first (kascade topics)"
         )
     return found
+
+
+def _authorization_failed(admin: AdminClient, topic: str, settings: KafkaSettings) -> bool:
+    """Whether ``topic`` is hidden from this client by ACLs rather than absent: a listing
+    of all topics leaves out the ones a principal may not describe, and only a request
+    for the topic by name says which it is."""
+    try:
+        t = admin.list_topics(topic=topic, timeout=settings.connect_timeout_s).topics.get(topic)
+    except KafkaException:
+        return False
+    return t is not None and t.error is not None and t.error.code() in DENIED
+
+
+DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.CLUSTER_AUTHORIZATION_FAILED)
 
 
 def _cluster_metadata(admin: AdminClient, settings: KafkaSettings) -> Any:
@@ -128,6 +147,16 @@ def _cluster_metadata(admin: AdminClient, settings: KafkaSettings) -> Any:
             f"cannot reach Kafka at {settings.brokers} within "
             f"{settings.connect_timeout_s:g}s: {e.args[0].str() if e.args else e}"
         ) from None
+
+
+def not_authorized(settings: KafkaSettings, topics: list[str], operation: str) -> KafkaUnavailable:
+    """The one-line error for topics the cluster's ACLs keep from this client."""
+    user = f" (user {settings.sasl_username!r})" if settings.sasl_username else ""
+    return KafkaUnavailable(
+        f"Kafka at {settings.brokers} does not authorize this client to {operation} topic"
+        f" {', '.join(repr(t) for t in topics)} (TOPIC_AUTHORIZATION_FAILED): grant its"
+        f" principal{user} {operation.upper()} on it with ACLs (kafka-acls)"
+    )
 
 
 def accepted_record_bytes(settings: KafkaSettings, topics: Iterable[str]) -> int:

@@ -9,6 +9,10 @@ spread evenly over partitions and, where records carry one, languages (one from 
 the others. The file is JSON lines ``{"text", "lang"}``, which ``kascade calibrate
 --texts FILE --lang-column lang`` reads.
 
+Memory stays bounded whatever the count and the record sizes: the first pass keeps only
+where the chosen records are (partition, offset), at most ``2 x count`` of them; the
+second reads those records again and streams their text into the file.
+
 >>> stratified({(0, "de"): ["a", "b", "c"], (1, "en"): ["x"], (0, "fr"): ["p"]}, 4)
 ['a', 'p', 'x', 'b']
 """
@@ -21,20 +25,25 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bytewax.connectors.kafka import KafkaSourceMessage
 from confluent_kafka import Consumer, TopicPartition
-from kascade.dataflow.kafka_io import check_cluster, client_config
+from kascade.dataflow.kafka_io import DENIED, check_cluster, client_config, not_authorized
 from kascade.operators.formats import Reader
 from kascade.operators.registry import check_registry
 from kascade.operators.validate import Received, check
-from kascade.schemas.files import write_text_atomically
-from kascade.schemas.settings import Settings
+from kascade.schemas import DeadLetter
+from kascade.schemas.files import atomic_writer
+from kascade.schemas.settings import KafkaSettings, Settings
 
 from kascade.errors import KascadeError
 
 # Records read per record wanted: room for dead letters and for balancing languages.
 OVERREAD = 4
+# Bytes of records in hand at once: librdkafka's prefetch queue and one batch of
+# records of the largest readable size.
+IN_HAND_BYTES = 16 << 20
 
 
 class NothingToSample(KascadeError):
@@ -52,21 +61,62 @@ class Sampled:
     skipped: Counter = field(default_factory=Counter)  # dead-letter reason -> records
 
 
-def stratified(buckets: dict[tuple[int, str], list], count: int) -> list:
+def stratified(buckets: dict[Any, list], count: int) -> list:
     """Up to ``count`` items, one from each bucket in turn (buckets in sorted order)."""
-    queues = {k: list(v) for k, v in sorted(buckets.items())}
+    queues = [iter(v) for _, v in sorted(buckets.items())]
     out: list = []
-    while len(out) < count and any(queues.values()):
-        for q in queues.values():
-            if q and len(out) < count:
-                out.append(q.pop(0))
+    while queues and len(out) < count:
+        alive = []
+        for q in queues:
+            item = next(q, _END)
+            if item is not _END and len(out) < count:
+                out.append(item)
+                alive.append(q)
+        queues = alive
     return out
+
+
+_END = object()
+
+
+class Places:
+    """Where the records :func:`stratified` would choose lie, kept to ``2 x count``.
+
+    An item :func:`stratified` leaves out now is left out for good: later items rank
+    after it or take a place ahead of it, never move it forward. So each time the kept
+    places pass ``2 x count`` they are cut to the ``count`` it would choose, and the
+    final choice is the one over every record read.
+    """
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.buckets: dict[tuple[int, str], list[tuple[int, int]]] = {}
+        self.kept = 0
+
+    def add(self, partition: int, lang: str, offset: int) -> None:
+        self.buckets.setdefault((partition, lang), []).append((partition, offset))
+        self.kept += 1
+        if self.kept > 2 * self.count:
+            chosen = set(stratified(self.buckets, self.count))
+            self.buckets = {
+                key: kept
+                for key, places in self.buckets.items()
+                if (kept := [p for p in places if p in chosen])
+            }
+            self.kept = len(chosen)
+
+    def chosen(self) -> dict[int, set[int]]:
+        """partition -> offsets of the chosen records."""
+        out: dict[int, set[int]] = {}
+        for p, offset in stratified(self.buckets, self.count):
+            out.setdefault(p, set()).add(offset)
+        return out
 
 
 def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -> Sampled:
     """Write ``count`` texts from the newest records of the input topic to ``out``."""
     k = settings.kafka
-    partitions = check_cluster(k, [k.input_topic])[k.input_topic]
+    check_cluster(k, [k.input_topic])
     check_registry(settings.registry)
     reader = Reader(settings.input, settings.registry, keep_event=False)
     consumer = Consumer(
@@ -75,10 +125,16 @@ def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -
             "group.id": f"kascade-sample-{uuid.uuid4()}",
             "enable.auto.commit": "false",
             "isolation.level": "read_committed",  # what a producer committed, only
+            "queued.max.messages.kbytes": IN_HAND_BYTES >> 10,
         }
     )
+    batch = max(1, min(500, IN_HAND_BYTES // settings.max_text_bytes))
     report = Sampled()
-    buckets: dict[tuple[int, str], list[dict]] = {}
+    places = Places(count)
+
+    def decoded(msg: KafkaSourceMessage) -> Received | DeadLetter:
+        return check(msg, max_bytes=settings.max_text_bytes, stage="sample", reader=reader)
+
     try:
         partitions = sorted(
             consumer.list_topics(k.input_topic, timeout=10).topics[k.input_topic].partitions
@@ -87,46 +143,63 @@ def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -
         for p in partitions:
             low, high = consumer.get_watermark_offsets(TopicPartition(k.input_topic, p), timeout=10)
             start = max(low, high - per_partition)
-            for msg in _read(consumer, k.input_topic, p, start, high, timeout_s):
+            for msg in _read(consumer, k, p, start, high, batch, timeout_s):
                 report.read += 1
-                got = check(msg, max_bytes=settings.max_text_bytes, stage="sample", reader=reader)
-                if not isinstance(got, Received):
+                got = decoded(msg)
+                if isinstance(got, Received):
+                    places.add(p, got.doc.lang or "", msg.offset)
+                else:
                     report.skipped[got.reason.value] += 1
-                    continue
-                row = {"text": got.doc.text} | ({"lang": got.doc.lang} if got.doc.lang else {})
-                lang = got.doc.lang or ""
-                buckets.setdefault((p, lang), []).append((p, lang, row))
+        chosen = places.chosen()
+        if not chosen:
+            raise NothingToSample(
+                f"{k.input_topic} has no record to sample ({report.read} read,"
+                f" {sum(report.skipped.values())} of them would be dead letters)"
+            )
+        # production text: its owner's only
+        with atomic_writer(out, private=True) as f:
+            for p, wanted in sorted(chosen.items()):
+                first, last = min(wanted), max(wanted)
+                for msg in _read(consumer, k, p, first, last + 1, batch, timeout_s):
+                    got = decoded(msg) if msg.offset in wanted else None
+                    if not isinstance(got, Received):
+                        continue  # not chosen (or, read again, no longer what it was)
+                    row = {"text": got.doc.text} | ({"lang": got.doc.lang} if got.doc.lang else {})
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    report.taken += 1
+                    report.by_partition[p] += 1
+                    if got.doc.lang:
+                        report.by_language[got.doc.lang] += 1
     finally:
         consumer.close()
-    rows = stratified(buckets, count)
-    if not rows:
-        raise NothingToSample(
-            f"{k.input_topic} has no record to sample ({report.read} read,"
-            f" {sum(report.skipped.values())} of them would be dead letters)"
-        )
-    report.by_partition.update(p for p, _, _ in rows)
-    report.by_language.update(lang for _, lang, _ in rows if lang)
-    report.taken = len(rows)
-    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for _, _, r in rows)
-    write_text_atomically(out, text, private=True)  # production text: its owner's only
     return report
 
 
-def _read(consumer: Consumer, topic: str, partition: int, start: int, end: int, timeout_s: float):
+def _read(
+    consumer: Consumer,
+    k: KafkaSettings,
+    partition: int,
+    start: int,
+    end: int,
+    batch: int,
+    timeout_s: float,
+):
     """The records of ``partition`` from offset ``start`` up to ``end``, as Bytewax's
     source hands them to the flow."""
     if start >= end:
         return
-    consumer.assign([TopicPartition(topic, partition, start)])
+    consumer.assign([TopicPartition(k.input_topic, partition, start)])
     idle = 0.0
     while idle < timeout_s:
-        batch = consumer.consume(500, 1.0)
-        if not batch:
+        got = consumer.consume(batch, 1.0)
+        if not got:
             idle += 1.0
             continue
         idle = 0.0
-        for m in batch:
-            if m.error() is not None:
+        for m in got:
+            if (error := m.error()) is not None:
+                if error.code() in DENIED:  # may describe the topic, may not read it
+                    raise not_authorized(k, [k.input_topic], "read")
                 continue
             yield KafkaSourceMessage(
                 key=m.key(),

@@ -5,7 +5,10 @@
 #   docker/kafka-local.sh start|stop|status|bootstrap|fetch
 #
 # Environment:
-#   KASCADE_KAFKA_PORT   client port (default 9092); the controller uses PORT+1
+#   KASCADE_KAFKA_PORT   client port (default 9092); the controller uses PORT+1, and
+#                        PORT+2 is a SASL/PLAIN listener with ACLs enforced (users
+#                        alice and bob, passwords alice-secret and bob-secret), for
+#                        trying what an authorization failure looks like
 #   KASCADE_KAFKA_HOME   state folder: jars, data, log, pid (default <repo>/.cache/kafka-local)
 #   KASCADE_KAFKA_WAIT   seconds to wait for the broker to come up (default 90)
 #
@@ -53,11 +56,18 @@ write_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$((port + 1))
-listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$((port + 1))
-advertised.listeners=PLAINTEXT://127.0.0.1:$port
+listeners=PLAINTEXT://127.0.0.1:$port,CONTROLLER://127.0.0.1:$((port + 1)),SASL_PLAINTEXT://127.0.0.1:$((port + 2))
+advertised.listeners=PLAINTEXT://127.0.0.1:$port,SASL_PLAINTEXT://127.0.0.1:$((port + 2))
 controller.listener.names=CONTROLLER
-listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT
+listener.security.protocol.map=PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT
 inter.broker.listener.name=PLAINTEXT
+sasl.enabled.mechanisms=PLAIN
+listener.name.sasl_plaintext.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_alice="alice-secret" user_bob="bob-secret";
+# ACLs are enforced for the SASL users; the plaintext listener's anonymous clients (the
+# tests, local runs) may do anything, and a resource without ACLs is open to all.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+super.users=User:ANONYMOUS
+allow.everyone.if.no.acl.found=true
 log.dirs=$run/data
 num.partitions=1
 offsets.topic.replication.factor=1

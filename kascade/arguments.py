@@ -25,6 +25,24 @@ def positive(text: str) -> int:
     return n
 
 
+def at_most(limit: int):
+    """A whole number from 1 to ``limit``.
+
+    >>> at_most(10)("11")
+    Traceback (most recent call last):
+    ...
+    argparse.ArgumentTypeError: must be at most 10, not 11
+    """
+
+    def parse(text: str) -> int:
+        n = positive(text)
+        if n > limit:
+            raise argparse.ArgumentTypeError(f"must be at most {limit:,}, not {n:,}")
+        return n
+
+    return parse
+
+
 def probability(text: str) -> float:
     """A number strictly between 0 and 1 (an epsilon, a delta, an agreement)."""
     try:

@@ -5,6 +5,8 @@ records a run would dead-letter skipped, written as calibration text."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -110,3 +112,49 @@ def test_sample_of_a_topic_without_a_readable_record_is_one_line(
         " would be dead letters)"
     ]
     assert not (tmp_path / "x.jsonl").exists()
+
+
+def _peak_rss_mb(args: list[str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    """``kascade ARGS`` in a fresh process, with the peak resident memory it reached."""
+    probe = (
+        "import resource, subprocess, sys\n"
+        "r = subprocess.run(sys.argv[1:], capture_output=True, text=True, timeout=300)\n"
+        "sys.stderr.write(r.stderr); sys.stdout.write(r.stdout)\n"
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024)\n"
+        "sys.exit(r.returncode)\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", probe, sys.executable, "-m", "kascade", *args],
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    *out, peak = r.stdout.strip().splitlines()
+    r.stdout = "\n".join(out)
+    return r, float(peak)
+
+
+def test_sample_holds_bounded_memory_whatever_the_record_sizes(
+    kafka_settings: KafkaSettings, tmp_path: Path
+) -> None:
+    # 240 records of ~900 KB (216 MB): the whole read window of --count 60. Holding the
+    # candidates' text, as sample once did, costs their size; streaming costs a few.
+    producer = Producer({"bootstrap.servers": kafka_settings.brokers})
+    filler = " ".join(CORPUS) + " "
+    text = (filler * (900_000 // len(filler) + 1))[:900_000]
+    for i in range(240):
+        doc = {"id": f"big-{i}", "text": f"{i} {text}", "lang": ("de", "fr", "ja")[i % 3]}
+        producer.produce(kafka_settings.input_topic, json.dumps(doc).encode())
+        producer.poll(0)
+    assert producer.flush(60) == 0
+    common = ["sample", "--brokers", kafka_settings.brokers]
+    common += ["--input-topic", kafka_settings.input_topic, "--count"]
+    small, small_peak = _peak_rss_mb([*common, "1", "--out", str(tmp_path / "one.jsonl")])
+    assert small.returncode == 0, small.stderr
+    out = tmp_path / "big.jsonl"
+    big, big_peak = _peak_rss_mb([*common, "60", "--out", str(out)])
+    assert big.returncode == 0, big.stderr
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 60 and Counter(r["lang"] for r in rows) == {"de": 20, "fr": 20, "ja": 20}
+    # 60 texts of 900 KB are 54 MB on disk; in hand at once: the prefetch and a batch
+    assert big_peak - small_peak < 60, (small_peak, big_peak)

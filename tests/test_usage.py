@@ -47,6 +47,7 @@ CASES: list[tuple[str, int, str]] = [
     ("run --model-dir {model} --brokers 127.0.0.1:{nowhere}", 1, "cannot reach Kafka"),
     ("sample", 2, "the following arguments are required: --out"),
     ("sample --out {tmp}/s.jsonl --count -3", 2, "--count: must be at least 1"),
+    ("sample --out {tmp}/s.jsonl --count 1000001", 2, "--count: must be at most 1,000,000"),
     ("sample --out {tmp}/s.jsonl --brokers 127.0.0.1:{nowhere}", 1, "cannot reach Kafka"),
     ("topics --partitions 0", 2, "--partitions: must be at least 1"),
     ("topics --partitions many", 2, "--partitions: not a whole number"),
