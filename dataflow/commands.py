@@ -143,7 +143,9 @@ def _cmd_sample(args: argparse.Namespace) -> int:
     print(
         f"wrote {got.taken} texts to {args.out} (partitions {parts}"
         + (f"; languages {langs}" if langs else "")
-        + f"; {skipped} of {got.read} records read skipped as dead letters)"
+        + f"; {skipped} of {got.read} records read skipped as dead letters"
+        + (f", {got.blank} as blank" if got.blank else "")
+        + ")"
     )
     return 0
 

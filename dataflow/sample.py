@@ -59,6 +59,7 @@ class Sampled:
     by_partition: Counter = field(default_factory=Counter)
     by_language: Counter = field(default_factory=Counter)
     skipped: Counter = field(default_factory=Counter)  # dead-letter reason -> records
+    blank: int = 0  # valid records whose text is only whitespace: nothing to calibrate on
 
 
 def stratified(buckets: dict[Any, list], count: int) -> list:
@@ -146,15 +147,19 @@ def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -
             for msg in _read(consumer, k, p, start, high, batch, timeout_s):
                 report.read += 1
                 got = decoded(msg)
-                if isinstance(got, Received):
-                    places.add(p, got.doc.lang or "", msg.offset)
-                else:
+                if not isinstance(got, Received):
                     report.skipped[got.reason.value] += 1
+                elif not got.doc.text.strip():
+                    report.blank += 1
+                else:
+                    places.add(p, got.doc.lang or "", msg.offset)
         chosen = places.chosen()
         if not chosen:
             raise NothingToSample(
                 f"{k.input_topic} has no record to sample ({report.read} read,"
-                f" {sum(report.skipped.values())} of them would be dead letters)"
+                f" {sum(report.skipped.values())} of them would be dead letters"
+                + (f", {report.blank} blank" if report.blank else "")
+                + ")"
             )
         # production text: its owner's only
         with atomic_writer(out, private=True) as f:

@@ -46,3 +46,30 @@ def test_a_csv_field_longer_than_the_csv_default_limit_is_read_whole(tmp_path: P
 def test_numbers_are_read_as_text(tmp_path: Path) -> None:
     (tmp_path / "n.jsonl").write_text('{"text": "a", "label": 3}\n')
     assert read_examples(tmp_path / "n.jsonl").labels == ["3"]
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        # what kascade sample writes: no lang key where the record named none
+        ("s.jsonl", '{"text": "a"}\n{"text": "b", "lang": "de"}\n{"text": "c", "lang": null}\n'),
+        ("s.tsv", "text\tlang\na\t\nb\tde\nc\t\n"),
+    ],
+)
+def test_rows_without_a_language_count_as_undetermined_when_a_default_is_given(
+    tmp_path: Path, name: str, content: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(content)
+    got = read_examples(path, label_column="lang", missing_label="und")
+    assert (got.texts, got.labels) == (["a", "b", "c"], ["und", "de", "und"])
+    if name.endswith(".jsonl"):
+        with pytest.raises(UsageError, match="'lang' is missing"):
+            read_examples(path, label_column="lang")  # a label that must be there
+
+
+def test_a_column_is_found_in_any_row_not_only_the_first(tmp_path: Path) -> None:
+    path = tmp_path / "s.jsonl"
+    path.write_text('{"text": "a"}\n{"text": "b", "lang": "de"}\n')
+    with pytest.raises(UsageError, match="has no column 'language'; its columns are text, lang"):
+        read_examples(path, label_column="language", missing_label="und")

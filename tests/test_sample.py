@@ -5,6 +5,7 @@ records a run would dead-letter skipped, written as calibration text."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from collections import Counter
@@ -15,7 +16,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from helpers import kascade_cli
+from helpers import kascade_cli, texts
 from kascade.schemas.settings import KafkaSettings
 from kascade.toolchain.data import read_examples
 from tiny_models import CORPUS
@@ -158,3 +159,40 @@ def test_sample_holds_bounded_memory_whatever_the_record_sizes(
     assert len(rows) == 60 and Counter(r["lang"] for r in rows) == {"de": 20, "fr": 20, "ja": 20}
     # 60 texts of 900 KB are 54 MB on disk; in hand at once: the prefetch and a batch
     assert big_peak - small_peak < 60, (small_peak, big_peak)
+
+
+def test_a_sample_of_a_stream_with_untagged_and_blank_records_calibrates(
+    kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    """The documented recovery loop's first two steps on a stream as it comes: some
+    records name a language, some do not, some texts are blank."""
+    producer = Producer({"bootstrap.servers": kafka_settings.brokers})
+    for i, text in enumerate(texts(240)):
+        doc: dict = {"id": f"d{i}", "text": text if i % 20 else "   "}
+        if i % 3:
+            doc["lang"] = ("de", "fr")[i % 2]
+        producer.produce(kafka_settings.input_topic, json.dumps(doc).encode())
+    assert producer.flush(30) == 0
+    out = tmp_path / "stream.jsonl"
+    r = kascade_cli(
+        "sample", "--brokers", kafka_settings.brokers, "--input-topic",
+        kafka_settings.input_topic, "--count", "200", "--out", str(out),
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "12 as blank" in r.stdout, r.stdout
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 200 and all(row["text"].strip() for row in rows)
+    assert {row.get("lang") for row in rows} == {None, "de", "fr"}
+    model = tmp_path / "model"
+    shutil.copytree(exported["modernbert"], model)
+    r = kascade_cli(
+        "calibrate", "--model", str(model), "--texts", str(out), "--lang-column", "lang",
+        "--epsilon", "0.1", "--delta", "0.1", "--chunk-tokens", "64", "--overlap", "8",
+        timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert {line.split(":")[0].strip() for line in r.stdout.splitlines()[4:7]} == {
+        "und",
+        "de",
+        "fr",
+    }, r.stdout

@@ -170,13 +170,20 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+UNDETERMINED = "und"
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from kascade.toolchain.calibrate import calibrate
     from kascade.toolchain.data import read_examples, split_documents
 
-    # The language column, if any, is read as the label column: one string per text.
+    # The language column, if any, is read as the label column: one string per text;
+    # a text whose record named no language is counted as undetermined ("und", BCP-47).
     calibration = read_examples(
-        args.texts, text_column=args.text_column, label_column=args.lang_column
+        args.texts,
+        text_column=args.text_column,
+        label_column=args.lang_column,
+        missing_label=UNDETERMINED,
     )
     head_texts = (
         read_examples(args.head_texts, text_column=args.text_column, label_column=None).texts

@@ -58,27 +58,39 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
 
 
 def read_examples(
-    path: Path | str, *, text_column: str = "text", label_column: str | None = "label"
+    path: Path | str,
+    *,
+    text_column: str = "text",
+    label_column: str | None = "label",
+    missing_label: str | None = None,
 ) -> Examples:
     """Texts (and labels, if ``label_column`` is given) from ``path``; every row must have
-    them, as text or a number (UsageError naming the line otherwise)."""
+    them, as text or a number (UsageError naming the line otherwise), except that with
+    ``missing_label`` a row without a label (no key, null, an empty cell) gets that one:
+    ``kascade sample`` writes no ``lang`` for a record that named none."""
     path = Path(path)
     rows = _rows(path)
     if not rows:
         raise UsageError(f"{path} has no rows")
-    columns = list(rows[0][1].keys())
+    columns = list(dict.fromkeys(col for _, row in rows for col in row))
     for col in (text_column, label_column):
         if col is not None and col not in columns:
             raise UsageError(f"{path} has no column {col!r}; its columns are {', '.join(columns)}")
 
-    def cell(n: int, row: dict, col: str) -> str:
+    def cell(n: int, row: dict, col: str, default: str | None = None) -> str:
         value = row.get(col)
+        if default is not None and value in (None, ""):
+            return default
         if isinstance(value, bool) or not isinstance(value, str | int | float):
             raise UsageError(f"{path}:{n}: {col!r} is {'missing' if value is None else 'not text'}")
         return str(value)
 
     texts = [cell(n, r, text_column) for n, r in rows]
-    labels = None if label_column is None else [cell(n, r, label_column) for n, r in rows]
+    labels = (
+        None
+        if label_column is None
+        else [cell(n, r, label_column, missing_label) for n, r in rows]
+    )
     return Examples(texts, labels)
 
 
