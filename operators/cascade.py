@@ -302,8 +302,8 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
         )
         while s.read in s.tasks and self._may_read():
             task = s.tasks[s.read]
-            if guarantee.suspended():
-                # The live test rejected the bound: the full model decides every chunk.
+            if guarantee.suspended(task.doc.lang):
+                # The live test rejected the bound here: the full model decides the chunk.
                 task = dataclasses.replace(task, doc=dataclasses.replace(task.doc, suspended=True))
                 s.tasks[s.read] = task
                 verdict = Verdict("uncertain", None)

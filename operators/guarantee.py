@@ -90,6 +90,9 @@ class BoundTest:
 
 # Where the languages past ``max_languages`` are pooled, in the tests and the metrics.
 OTHER = "other"
+# The overall test's name in the metrics, and the scope of its violation: every language.
+# A record's own "all" or "other" (valid tag shapes) is tested in the pool.
+EVERYTHING = "all"
 
 
 @dataclass
@@ -121,7 +124,9 @@ class Watch:
     def tested_as(self, lang: str) -> str:
         """The test ``lang``'s audits count in: its own, or the pool."""
         named = len(self.languages) - (OTHER in self.languages)
-        if lang != OTHER and (lang in self.languages or named < self.max_languages):
+        if lang not in (OTHER, EVERYTHING) and (
+            lang in self.languages or named < self.max_languages
+        ):
             return lang
         return OTHER
 
@@ -147,14 +152,27 @@ class Watch:
 
 @dataclass
 class Guard:
-    """This process's watch over the bound, and what a violation does: one line, the
-    gauge, and (``suspend``) every chunk to the full model from then on. The job never
-    stops for it and no record is lost."""
+    """This process's watch over the bound, and what a violation does: one line per test
+    that fires, the gauge, and (``suspend``) the full model for the chunks in the scope
+    the test covers from then on: one language's test fired, that language (or the pool
+    of the rest) goes to the full model while the others keep their cascade; the overall
+    test fired, every chunk does. The job never stops for it and no record is lost."""
 
     watch: Watch
     suspend: bool
-    suspended: bool = False
-    _said: bool = field(default=False, repr=False)
+    scopes: set[str] = field(default_factory=set)  # suspended: EVERYTHING or test keys
+    _said: set[str] = field(default_factory=set, repr=False)
+
+    @property
+    def suspended(self) -> bool:
+        """Whether anything is suspended."""
+        return bool(self.scopes)
+
+    def suspends(self, lang: str | None) -> bool:
+        """Whether a chunk of a document in ``lang`` goes to the full model."""
+        if EVERYTHING in self.scopes:
+            return True
+        return lang is not None and bool(self.scopes) and self.watch.tested_as(lang) in self.scopes
 
     def _worst(self) -> str:
         """The language disagreeing most, where the stream says which."""
@@ -164,20 +182,26 @@ class Guard:
         return f" (most on language {lang}: {100 * t.rate:.1f}% of {t.audits})"
 
     def audit(self, agree: bool, lang: str | None) -> None:
+        key = None if lang is None else self.watch.tested_as(lang)
         fired = self.watch.observe(not agree, lang)
-        self._gauge("all", self.watch.overall)
-        if lang is not None:
-            key = self.watch.tested_as(lang)
+        self._gauge(EVERYTHING, self.watch.overall)
+        if key is not None:
             self._gauge(key, self.watch.languages[key])
-            lang = key
-        if fired is None or self._said:
-            return  # one line per job: later alarms (another language) show in the gauge
-        self._said = True
-        where = f" on language {lang}" if fired is not self.watch.overall else self._worst()
+        if fired is None:
+            return
+        scope = EVERYTHING if fired is self.watch.overall else key
+        assert scope is not None
+        if scope in self._said or EVERYTHING in self._said:
+            return  # nothing wider to say: later alarms show in the gauge
+        self._said.add(scope)
+        where = self._worst() if scope == EVERYTHING else f" on language {scope}"
         then = (
-            "every chunk goes to the full model from now on (cascade.on_violation)"
-            if self.suspend
-            else "the cascade goes on (cascade.on_violation = alert)"
+            "the cascade goes on (cascade.on_violation = alert)"
+            if not self.suspend
+            else "every chunk goes to the full model from now on (cascade.on_violation)"
+            if scope == EVERYTHING
+            else f"the chunks of language {scope} go to the full model from now on, the other"
+            " languages keep their cascade (cascade.on_violation)"
         )
         log.error(
             "cascade guarantee violated%s: the cheap stages disagreed with the full model"
@@ -191,7 +215,7 @@ class Guard:
             then,
         )
         if self.suspend:
-            self.suspended = True
+            self.scopes.add(scope)
 
     @staticmethod
     def _gauge(lang: str, test: BoundTest) -> None:
@@ -208,7 +232,7 @@ def install(guard: Guard | None) -> None:
     global _guard
     _guard = guard
     if guard is not None:
-        Guard._gauge("all", guard.watch.overall)
+        Guard._gauge(EVERYTHING, guard.watch.overall)
 
 
 def audit(agree: bool, lang: str | None) -> None:
@@ -216,6 +240,6 @@ def audit(agree: bool, lang: str | None) -> None:
         _guard.audit(agree, lang)
 
 
-def suspended() -> bool:
-    """Whether this process's cheap stages are suspended by a violation."""
-    return _guard is not None and _guard.suspended
+def suspended(lang: str | None) -> bool:
+    """Whether a violation suspended this process's cheap stages for ``lang``'s chunks."""
+    return _guard is not None and _guard.suspends(lang)

@@ -293,7 +293,8 @@ class CascadeSettings(BaseModel):
     on_violation: Literal["full_model", "alert"] = Field(
         default="full_model",
         description="When the live test of the audits rejects the certified bound: send"
-        " every chunk to the full model from then on (output records say"
+        " the chunks in the scope of the test that fired (one language, the pool of the"
+        " rest, or everything) to the full model from then on (output records say"
         ' cascade="suspended"), or only say so (log line, kascade_cascade_guarantee).',
     )
     chunks_per_turn: int = Field(

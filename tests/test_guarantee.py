@@ -81,7 +81,7 @@ def test_a_violation_is_one_line_sets_the_gauge_and_suspends_the_cheap_stages(
         with caplog.at_level(logging.ERROR, logger="kascade.operators.guarantee"):
             for i in range(400):
                 guarantee.audit(agree=i % 5 != 0, lang="de")  # 20% disagree
-        assert guarantee.suspended()
+        assert guarantee.suspended("de") and guarantee.suspended("fr") and guarantee.suspended(None)
         (line,) = [r.getMessage() for r in caplog.records]
         assert line.startswith("cascade guarantee violated (most on language de: ")
         assert "above the certified epsilon 2% (confidence 95%)" in line
@@ -90,7 +90,7 @@ def test_a_violation_is_one_line_sets_the_gauge_and_suspends_the_cheap_stages(
         assert state == 1.0 and metrics.GUARANTEE.labels("all", "holding")._value.get() == 0.0
     finally:
         guarantee.install(None)
-    assert not guarantee.suspended()
+    assert not guarantee.suspended("de")
 
 
 def test_with_alert_only_the_cascade_goes_on_after_a_violation() -> None:
@@ -108,7 +108,7 @@ def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_
         calls.append(t.index)
         return Verdict("s0", np.array([0.9, 0.1]))
 
-    guard = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, suspended=True)
+    guard = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, scopes={"all"})
     guarantee.install(guard)
     try:
         logic = CascadeLogic(cheap, Aggregation.TOKEN_MEAN)
@@ -130,6 +130,41 @@ def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_
     )
     record = label_document(meta, results, labeling, now_ms=0)
     assert record.cascade is CascadeUse.SUSPENDED and record.chunks.full_model == 2
+
+
+def test_one_drifted_language_goes_to_the_full_model_while_the_others_keep_their_cascade(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    guard = Guard(Watch(epsilon=0.02, delta=0.05, max_languages=16), suspend=True)
+    rng = random.Random(5)
+    langs = [f"l{i}" for i in range(9)] + ["sw"]
+    with caplog.at_level(logging.ERROR, logger="kascade.operators.guarantee"):
+        for _ in range(6000):
+            lang = rng.choice(langs)
+            guard.audit(agree=rng.random() >= (0.15 if lang == "sw" else 0.002), lang=lang)
+    assert guard.scopes == {"sw"}  # overall 1.7%, within epsilon 2%: only sw's test fires
+    assert guard.suspends("sw") and not guard.suspends("l0") and not guard.suspends(None)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("cascade guarantee violated on language sw: ")
+    assert "the chunks of language sw go to the full model from now on" in line
+
+
+def test_a_violation_of_the_pool_suspends_every_language_tested_in_it() -> None:
+    guard = Guard(Watch(epsilon=0.02, delta=0.05, max_languages=2), suspend=True)
+    rng = random.Random(7)
+    for i in range(1, 6001):  # en and de come first: the two named
+        if i % 10:
+            guard.audit(agree=rng.random() >= 0.002, lang=("en", "de")[i % 2])
+        else:  # a tenth of the stream in languages past the first two, 15% disagreeing
+            guard.audit(agree=rng.random() >= 0.15, lang=f"zz-{i % 7}")
+    assert guard.scopes == {"other"}
+    assert guard.suspends("zz-3") and guard.suspends("never-seen-yet")
+    assert not guard.suspends("en") and not guard.suspends("de")
+
+
+def test_a_record_calling_its_language_all_is_tested_in_the_pool_not_as_the_whole() -> None:
+    watch = Watch(epsilon=0.02, delta=0.05)
+    assert watch.tested_as("all") == "other" and watch.tested_as("other") == "other"
 
 
 def test_a_hundred_thousand_languages_keep_the_tests_bounded_and_the_alarm_budget_whole() -> None:

@@ -123,6 +123,60 @@ def test_a_stream_that_drifts_mid_run_trips_the_guarantee_and_falls_back_losing_
         assert r.chunks.full_model == r.chunks.total
 
 
+def test_one_drifted_language_goes_to_the_full_model_while_nine_keep_their_cascade(
+    kafka_settings: KafkaSettings, calibrated: Path
+) -> None:
+    agree, disagree = by_agreement(calibrated, texts(100) + word_salad(1500))
+    assert len(agree) >= 10 and len(disagree) >= 3, (len(agree), len(disagree))
+    steady = ["de", "en", "fr", "es", "it", "nl", "pl", "pt", "tr"]
+
+    def mixed(prefix: str, n: int, drifted: int) -> list[InputDocument]:
+        out = [
+            InputDocument(id=f"{prefix}-{i}", text=agree[i % len(agree)], lang=steady[i % 9])
+            for i in range(n)
+        ]
+        for j in range(drifted):  # sw: the calibration's words in any order
+            doc = InputDocument(id=f"{prefix}-sw-{j}", text=disagree[j % len(disagree)], lang="sw")
+            out.insert((j * len(out)) // drifted, doc)
+        return out
+
+    port = free_port()
+    job = kascade_run(
+        kafka_settings, calibrated, "--cascade", "on", "--cascade.audit-fraction", "1",
+        "--metrics-port", str(port),
+    )  # fmt: skip
+    before, after = mixed("a", 120, 12), mixed("b", 90, 8)
+    try:
+        send(kafka_settings, before)
+        wait_for(kafka_settings, {d.id for d in before}, job)
+        sw_violated = 'kascade_cascade_guarantee{lang="sw",state="violated"}'
+        assert metric(port, sw_violated) == 1.0
+        send(kafka_settings, after)
+        wait_for(kafka_settings, {d.id for d in after}, job)
+        assert metric(port, 'kascade_cascade_guarantee{lang="all",state="holding"}') == 1.0
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    alarms = [line for line in err.splitlines() if "cascade guarantee violated" in line]
+    assert len(alarms) == 1 and "violated on language sw:" in alarms[0], err
+    assert "the other languages keep their cascade" in alarms[0]
+    records = {
+        r.id: r
+        for r in (
+            OutputRecord.model_validate_json(v)
+            for _, v in read_all(kafka_settings, kafka_settings.output_topic)
+        )
+    }
+    assert set(records) == {d.id for d in before + after}  # nothing lost
+    for d in before + after:
+        r = records[d.id]
+        if d.lang != "sw":  # the nine keep the whole of their cascade
+            assert r.cascade is CascadeUse.ON, r
+        elif d in after:  # sw: the full model on every chunk, and said so
+            assert r.cascade is CascadeUse.SUSPENDED and r.chunks.full_model == r.chunks.total
+
+
 def test_a_new_calibration_takes_effect_on_restart_from_the_snapshot_and_records_name_it(
     kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
 ) -> None:
