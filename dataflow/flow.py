@@ -21,7 +21,7 @@ from kascade.operators.chunking import chunk
 from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.formats import Reader, Writer
 from kascade.operators.full_model import classify
-from kascade.operators.guarantee import Guard, Watch
+from kascade.operators.guarantee import Guard, Shared, Watch
 from kascade.operators.items import ChunkResult, Outgoing
 from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
@@ -235,12 +235,16 @@ def _record_audit(_step: str, result: ChunkResult) -> None:
 def watch_the_bound(settings: Settings, cascade: Cascade) -> None:
     """This process's live test of the certified bound on the audits it runs. Audits
     are spread over every worker process; each tests its own share at delta / processes,
-    so a false alarm anywhere in the job stays at most delta."""
+    so a false alarm anywhere in the job stays at most delta. With a recovery directory
+    a suspension outlives a restart and reaches every process of the job."""
     point = cascade.point
     processes = len(settings.hosts) if settings.hosts is not None else settings.workers
     watch = Watch(point.epsilon, point.delta / processes, settings.cascade.max_languages)
     suspend = settings.cascade.on_violation == "full_model"
-    guarantee.install(Guard(watch, suspend=suspend))
+    shared = None
+    if settings.recovery_dir is not None and cascade.sha256 is not None:
+        shared = Shared(settings.recovery_dir, cascade.sha256)
+    guarantee.install(Guard(watch, suspend=suspend, shared=shared))
 
 
 def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow:

@@ -28,9 +28,12 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from kascade.operators import metrics
+from kascade.schemas import suspensions
 
 log = logging.getLogger(__name__)
 
@@ -150,18 +153,38 @@ class Watch:
         return self.overall.violated or any(t.violated for t in self.languages.values())
 
 
+@dataclass(frozen=True)
+class Shared:
+    """Where the job keeps its suspensions (the recovery directory) and the calibration
+    they are about: a restarted process keeps them, and every process adopts the others'."""
+
+    recovery_dir: Path
+    cascade_sha256: str
+
+
 @dataclass
 class Guard:
     """This process's watch over the bound, and what a violation does: one line per test
     that fires, the gauge, and (``suspend``) the full model for the chunks in the scope
     the test covers from then on: one language's test fired, that language (or the pool
     of the rest) goes to the full model while the others keep their cascade; the overall
-    test fired, every chunk does. The job never stops for it and no record is lost."""
+    test fired, every chunk does. The job never stops for it and no record is lost.
+
+    With ``shared``, suspensions outlive the process and reach the job's other processes
+    (:mod:`kascade.schemas.suspensions`): adopted at start, and read again at most once a
+    second while the stream flows.
+    """
 
     watch: Watch
     suspend: bool
     scopes: set[str] = field(default_factory=set)  # suspended: EVERYTHING or test keys
+    shared: Shared | None = None
     _said: set[str] = field(default_factory=set, repr=False)
+    _looked: float = field(default=0.0, repr=False)  # monotonic time of the last read
+    _seen: float | None = field(default=None, repr=False)  # the file's mtime then
+
+    def __post_init__(self) -> None:
+        self._adopt(why="before this process started")
 
     @property
     def suspended(self) -> bool:
@@ -170,9 +193,47 @@ class Guard:
 
     def suspends(self, lang: str | None) -> bool:
         """Whether a chunk of a document in ``lang`` goes to the full model."""
+        if self.shared is not None and time.monotonic() - self._looked >= 1.0:
+            self._adopt(why="by another worker process")
         if EVERYTHING in self.scopes:
             return True
         return lang is not None and bool(self.scopes) and self.watch.tested_as(lang) in self.scopes
+
+    def _adopt(self, why: str) -> None:
+        """Take up the suspensions recorded for this calibration (by this job's other
+        processes, or before a restart)."""
+        if self.shared is None or not self.suspend:
+            return
+        self._looked = time.monotonic()
+        path = self.shared.recovery_dir / suspensions.SUSPENSIONS_FILE
+        try:
+            mtime = path.stat().st_mtime if path.exists() else None
+            if mtime == self._seen:
+                return
+            recorded = suspensions.load(self.shared.recovery_dir)
+            self._seen = mtime
+        except (OSError, ValueError) as e:  # never costs a worker: the file is read again
+            log.warning("cannot read %s: %s", path, e)
+            return
+        for entry in recorded.suspended:
+            if entry.cascade_sha256 != self.shared.cascade_sha256 or entry.scope in self.scopes:
+                continue
+            self.scopes.add(entry.scope)
+            self._said.add(entry.scope)
+            what = (
+                "every chunk goes"
+                if entry.scope == EVERYTHING
+                else (f"the chunks of language {entry.scope} go")
+            )
+            log.error(
+                "cascade guarantee violated %s (%s, recorded in %s): %s to the full model"
+                " until another calibration is in force",
+                why,
+                entry.evidence,
+                path,
+                what,
+            )
+            self._set_gauge(entry.scope, violated=True)
 
     def _worst(self) -> str:
         """The language disagreeing most, where the stream says which."""
@@ -203,23 +264,37 @@ class Guard:
             else f"the chunks of language {scope} go to the full model from now on, the other"
             " languages keep their cascade (cascade.on_violation)"
         )
+        measured = f"{100 * fired.rate:.3g}% of {fired.audits} audited chunks"
+        bound = (
+            f"above the certified epsilon {100 * self.watch.epsilon:g}% (confidence"
+            f" {100 * (1 - self.watch.delta):g}%)"
+        )
         log.error(
             "cascade guarantee violated%s: the cheap stages disagreed with the full model"
-            " on %.3g%% of %d audited chunks, above the certified epsilon %g%% (confidence"
-            " %g%%); %s; recalibrate on a sample of this stream (kascade sample)",
+            " on %s, %s; %s; recalibrate on a sample of this stream (kascade sample)",
             where,
-            100 * fired.rate,
-            fired.audits,
-            100 * self.watch.epsilon,
-            100 * (1 - self.watch.delta),
+            measured,
+            bound,
             then,
         )
         if self.suspend:
             self.scopes.add(scope)
+            self._share(scope, f"{measured} disagreed, {bound}")
+
+    def _share(self, scope: str, evidence: str) -> None:
+        if self.shared is None:
+            return
+        try:
+            suspensions.add(self.shared.recovery_dir, self.shared.cascade_sha256, scope, evidence)
+        except (OSError, ValueError) as e:  # this process stays suspended regardless
+            log.warning("cannot record the suspension in %s: %s", self.shared.recovery_dir, e)
+
+    def _gauge(self, lang: str, test: BoundTest) -> None:
+        self._set_gauge(lang, violated=test.violated or lang in self.scopes)
 
     @staticmethod
-    def _gauge(lang: str, test: BoundTest) -> None:
-        state = "violated" if test.violated else "holding"
+    def _set_gauge(lang: str, violated: bool) -> None:
+        state = "violated" if violated else "holding"
         for s in ("holding", "violated"):
             metrics.GUARANTEE.labels(lang, s).set(1.0 if s == state else 0.0)
 
@@ -232,7 +307,7 @@ def install(guard: Guard | None) -> None:
     global _guard
     _guard = guard
     if guard is not None:
-        Guard._gauge(EVERYTHING, guard.watch.overall)
+        guard._gauge(EVERYTHING, guard.watch.overall)
 
 
 def audit(agree: bool, lang: str | None) -> None:

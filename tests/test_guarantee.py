@@ -191,3 +191,52 @@ def test_the_audit_draw_cannot_be_predicted_from_outside_a_process() -> None:
         for _ in range(2)
     }
     assert len(draws) == 2  # another key in every process
+
+
+def _fire(guard: Guard, lang: str | None) -> None:
+    for i in range(400):
+        guard.audit(agree=i % 5 != 0, lang=lang)  # 20% disagree
+
+
+def test_a_suspension_reaches_the_other_processes_and_outlives_a_restart(tmp_path) -> None:
+    from kascade.operators.guarantee import Shared
+
+    shared = Shared(tmp_path, "ab" * 32)
+    one = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, shared=shared)
+    other = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, shared=shared)
+    _fire(one, None)
+    assert one.suspends("de")
+    other._looked = 0.0  # its next look at the file is due
+    assert other.suspends("de") and other.scopes == {"all"}
+    restarted = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, shared=shared)
+    assert restarted.scopes == {"all"}  # before a single audit
+
+
+def test_a_language_suspension_spreads_as_that_language_only(tmp_path) -> None:
+    from kascade.operators.guarantee import Shared
+
+    shared = Shared(tmp_path, "ab" * 32)
+    one = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, shared=shared)
+    for i in range(3000):  # sw 15% disagreeing among agreeing languages
+        lang = ("sw", "de", "fr", "en", "it", "nl", "pl", "pt", "tr", "es")[i % 10]
+        one.audit(agree=not (lang == "sw" and i % 70 < 10), lang=lang)
+    assert one.scopes == {"sw"}
+    restarted = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, shared=shared)
+    assert restarted.suspends("sw") and not restarted.suspends("de")
+
+
+def test_another_calibration_in_force_ends_the_suspension(tmp_path) -> None:
+    from kascade.operators.guarantee import Shared
+
+    _fire(Guard(Watch(0.02, 0.05), suspend=True, shared=Shared(tmp_path, "ab" * 32)), None)
+    recalibrated = Guard(Watch(0.02, 0.05), suspend=True, shared=Shared(tmp_path, "cd" * 32))
+    assert not recalibrated.suspended and not recalibrated.suspends("de")
+
+
+def test_an_unreadable_suspensions_file_costs_a_warning_not_a_worker(tmp_path, caplog) -> None:
+    from kascade.operators.guarantee import Shared
+
+    (tmp_path / "suspensions.json").write_text("{not json")
+    with caplog.at_level(logging.WARNING, logger="kascade.operators.guarantee"):
+        guard = Guard(Watch(0.02, 0.05), suspend=True, shared=Shared(tmp_path, "ab" * 32))
+    assert not guard.suspended and "cannot read" in caplog.text

@@ -177,6 +177,45 @@ def test_one_drifted_language_goes_to_the_full_model_while_nine_keep_their_casca
             assert r.cascade is CascadeUse.SUSPENDED and r.chunks.full_model == r.chunks.total
 
 
+def test_a_suspension_survives_a_kill_9_of_a_worker_and_holds_in_every_process(
+    kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
+) -> None:
+    from test_faults import workers_of
+
+    agree, disagree = by_agreement(calibrated, texts(100) + word_salad(1500))
+    recovery = tmp_path / "recovery"
+    job = kascade_run(
+        kafka_settings, calibrated, "--cascade", "on", "--cascade.audit-fraction", "1",
+        "--workers", "2", "--recovery-dir", str(recovery), "--snapshot-interval-s", "0.5",
+        "--restarts.backoff-s", "0.2",
+    )  # fmt: skip
+    drift, after = docs("d", disagree, 40), docs("b", agree, 60)
+    try:
+        send(kafka_settings, drift)
+        wait_for(kafka_settings, {d.id for d in drift}, job)
+        assert (recovery / "suspensions.json").is_file()
+        workers_of(job)[0].kill()  # kill -9: its replacement starts with a fresh test
+        send(kafka_settings, after)
+        wait_for(kafka_settings, {d.id for d in after}, job)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=90)
+    assert job.returncode == 0, err
+    assert "was killed by SIGKILL; restarting the workers" in err, err
+    assert "cascade guarantee violated before this process started" in err, err
+    records = {
+        r.id: r
+        for r in (
+            OutputRecord.model_validate_json(v)
+            for _, v in read_all(kafka_settings, kafka_settings.output_topic)
+        )
+    }
+    assert {d.id for d in drift + after} <= set(records)  # nothing lost
+    for d in after:  # text the cascade would settle: after the restart, not one chunk
+        r = records[d.id]
+        assert r.cascade is CascadeUse.SUSPENDED and r.chunks.full_model == r.chunks.total, r
+
+
 def test_a_new_calibration_takes_effect_on_restart_from_the_snapshot_and_records_name_it(
     kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
 ) -> None:
