@@ -12,6 +12,7 @@ epsilon of them.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 from kascade.operators.cascade import Cascade, Head
-from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.operators.encoder import load_model_dir
 from kascade.operators.reading import STOP_PATH
 from kascade.schemas import Aggregation
 from kascade.schemas.cascade import (
@@ -37,6 +38,7 @@ from kascade.schemas.cascade import (
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.settings import ChunkSettings
+from kascade.toolchain import passes
 from kascade.toolchain.certify import (
     DISABLED,
     CalibrationTooSmall,
@@ -191,6 +193,7 @@ def calibrate(
     epsilon_doc: float = DEFAULT_EPSILON,
     aggregation: Aggregation = Aggregation.TOKEN_MEAN,
     stop_path: tuple[StopRule, ...] = STOP_PATH,
+    processes: int | None = None,
 ) -> CascadeSpec:
     """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``.
 
@@ -199,7 +202,8 @@ def calibrate(
     ``languages`` (one per text) splits the report by language. ``documents`` (long
     texts like the stream's, none of them among ``texts``) certify a document stop at
     ``epsilon_doc`` for ``aggregation``; when none certifies, ``cascade.json`` is written
-    without one and :class:`CalibrationTooSmall` says why.
+    without one and :class:`CalibrationTooSmall` says why. The full model runs on up to
+    ``processes`` worker processes (default: every core), with the same result.
     """
     if languages is not None and len(languages) != len(texts):
         raise UsageError(f"{len(languages)} languages for {len(texts)} calibration texts")
@@ -214,8 +218,7 @@ def calibrate(
     max_tokens, overlap = chunking.max_tokens, chunking.overlap
     loaded = load_model_dir(model_dir)
     m = loaded.manifest
-    enc = Encoder(loaded, graphs="stages")
-    feats = extract(enc, texts, max_tokens=max_tokens, overlap=overlap)
+    feats = extract(model_dir, texts, max_tokens=max_tokens, overlap=overlap, processes=processes)
     n = len(feats.target)
     if fit_fraction is None:  # separate head text frees the calibration set for testing
         fit_fraction = 0.0 if head_texts else 0.4
@@ -234,7 +237,9 @@ def calibrate(
     f0, f1 = x0[fit], x1[fit]
     yf = y[fit]
     if head_texts:
-        extra = extract(enc, head_texts, max_tokens=max_tokens, overlap=overlap)
+        extra = extract(
+            model_dir, head_texts, max_tokens=max_tokens, overlap=overlap, processes=processes
+        )
         f0, f1 = np.vstack([f0, extra.embeddings]), np.vstack([f1, extra.hidden])
         yf = np.concatenate([yf, extra.target])
     labels = len(m.labels)
@@ -329,13 +334,17 @@ def calibrate(
     # verdicts a run reaches (the runtime's own cheap stages).
     topical = None if on_topic is None else Head.of(on_topic)
     cascade = Cascade(spec, Head.of(s0), Head.of(s1), point, topical)
-    docs = read_documents(
-        enc,
-        [t for t in documents if t.strip()],
-        chunking=chunking,
-        cascade=cascade,
-        aggregation=aggregation,
+    read = functools.partial(
+        read_documents, chunking=chunking, cascade=cascade, aggregation=aggregation
     )
+    blocks = passes.over_texts(
+        model_dir,
+        read,
+        [t for t in documents if t.strip()],
+        processes=processes,
+        what="documents",
+    )
+    docs = [doc for block in blocks for doc in block]
     try:
         stop = certify_stop(
             docs, aggregation=aggregation, epsilon=epsilon_doc, delta=delta, path=stop_path

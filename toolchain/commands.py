@@ -206,7 +206,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         head_texts=head_texts,
         languages=languages,
         documents=documents,
-        **_given(args, "epsilon", "delta", "seed", "epsilon_doc", "aggregation"),
+        **_given(args, "epsilon", "delta", "seed", "epsilon_doc", "aggregation", "processes"),
     )
     point = spec.operating_points[spec.default_operating_point]
     r = spec.report
@@ -381,6 +381,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"as kascade run will use ({chunks.overlap})",
     )
     p.add_argument("--seed", type=int, help="of the head/certification split")
+    p.add_argument(
+        "--processes",
+        type=positive,
+        help="worker processes running the full model, one thread each; the result is the"
+        " same for any number (default: every core)",
+    )
     p.set_defaults(func=_cmd_calibrate)
 
     p = sub.add_parser("evaluate", help="F1, agreement, speed and memory of model variants")

@@ -87,9 +87,7 @@ def read_examples(
 
     texts = [cell(n, r, text_column) for n, r in rows]
     labels = (
-        None
-        if label_column is None
-        else [cell(n, r, label_column, missing_label) for n, r in rows]
+        None if label_column is None else [cell(n, r, label_column, missing_label) for n, r in rows]
     )
     return Examples(texts, labels)
 

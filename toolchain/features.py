@@ -3,12 +3,18 @@ full model's answer, from the real stage graphs a run executes."""
 
 from __future__ import annotations
 
+import functools
+import itertools
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from kascade.operators.cascade import pooled
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, softmax
+from kascade.toolchain import passes
+
+from kascade.errors import UsageError
 
 
 @dataclass(frozen=True)
@@ -22,9 +28,48 @@ class Features:
     ends: np.ndarray  # n, the text's tokens up to the end of each chunk
     text_tokens: np.ndarray  # n, tokens of the chunk's whole text
 
+    @staticmethod
+    def joined(parts: list[tuple[int, Features | None]]) -> Features:
+        """One set from per-block sets, each with the index of its block's first text."""
+        kept = [(start, f) for start, f in parts if f is not None]
+        if not kept:
+            raise UsageError("the calibration texts make no chunk: every one is blank")
 
-def extract(enc: Encoder, texts: list[str], *, max_tokens: int, overlap: int) -> Features:
-    """Pooled features and the full model's answer for every chunk of ``texts``."""
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(f, name) for _, f in kept])
+
+        return Features(
+            cat("embeddings"),
+            cat("hidden"),
+            cat("target"),
+            cat("tokens"),
+            np.concatenate([f.source + start for start, f in kept]),
+            cat("full"),
+            cat("ends"),
+            cat("text_tokens"),
+        )
+
+
+def extract(
+    model_dir: Path,
+    texts: list[str],
+    *,
+    max_tokens: int,
+    overlap: int,
+    processes: int | None = None,
+) -> Features:
+    """Pooled features and the full model's answer for every chunk of ``texts``, on up
+    to ``processes`` worker processes (default: every core)."""
+    work = functools.partial(extract_block, max_tokens=max_tokens, overlap=overlap)
+    parts = passes.over_texts(model_dir, work, texts, processes=processes, what="chunks")
+    starts = itertools.accumulate((len(b) for b in passes.blocks_of(texts)), initial=0)
+    return Features.joined(list(zip(starts, parts, strict=False)))
+
+
+def extract_block(
+    enc: Encoder, texts: list[str], *, max_tokens: int, overlap: int
+) -> Features | None:
+    """:func:`extract` on one process; None when the texts make no chunk."""
     f0, f1, full, n, src, ends, whole = [], [], [], [], [], [], []
     for i, text in enumerate(texts):
         for c in chunk_text(
@@ -41,6 +86,8 @@ def extract(enc: Encoder, texts: list[str], *, max_tokens: int, overlap: int) ->
             src.append(i)
             ends.append(c.end_token)
             whole.append(c.text_tokens)
+    if not full:
+        return None
     probs = np.stack(full)
     return Features(
         np.stack(f0),
