@@ -159,9 +159,7 @@ def test_calibration_reads_documents_with_the_full_model_only_until_their_label_
         cascade=cascade,
         aggregation=Aggregation.TOKEN_MEAN,
     )
-    f = extract_block(
-        enc, texts, max_tokens=SMALL_CHUNKS.max_tokens, overlap=SMALL_CHUNKS.overlap
-    )
+    f = extract_block(enc, texts, max_tokens=SMALL_CHUNKS.max_tokens, overlap=SMALL_CHUNKS.overlap)
     every_chunk = full_read_labels(f, Aggregation.TOKEN_MEAN)
     firsts = [int(every_chunk[f.source == i][0]) for i in range(len(texts))]
     assert [d.full_label for d in docs] == firsts

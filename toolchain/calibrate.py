@@ -13,6 +13,7 @@ epsilon of them.
 from __future__ import annotations
 
 import functools
+import logging
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,8 +49,11 @@ from kascade.toolchain.certify import (
 )
 from kascade.toolchain.document_stop import certify_stop, on_topic_targets, read_documents
 from kascade.toolchain.features import Features, extract
+from kascade.toolchain.overlap import groups, shared
 
 from kascade.errors import UsageError
+
+log = logging.getLogger(__name__)
 
 RISK_FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 
@@ -176,6 +180,49 @@ def threshold_outcome(conf: np.ndarray, wrong: np.ndarray) -> Callable[[float], 
     return outcome
 
 
+def split_by_group(
+    source: np.ndarray, text_groups: list[int], fit_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk indices to fit the heads on and to certify on (each in a seeded order): whole
+    groups of texts (:mod:`~kascade.toolchain.overlap`) to one side, about ``fit_fraction`` of the
+    chunks to fitting, so no text and no sentence is on both sides.
+
+    >>> source = np.array([0, 0, 1, 2, 2, 3])  # the text of each chunk
+    >>> fit, cert = split_by_group(source, [0, 1, 0, 3], 0.5, seed=0)  # texts 0, 2 share
+    >>> sorted(source[fit].tolist()), sorted(source[cert].tolist())
+    ([0, 0, 2, 2, 3], [1])
+    """
+    rng = np.random.default_rng(seed)
+    group = np.asarray(text_groups)[source]
+    fit_groups: set[int] = set()
+    taken = 0
+    for g in rng.permutation(np.unique(group)).tolist():
+        if taken >= fit_fraction * len(source):
+            break
+        fit_groups.add(g)
+        taken += int((group == g).sum())
+    order = rng.permutation(len(source))
+    in_fit = np.isin(group[order], list(fit_groups))
+    return order[in_fit], order[~in_fit]
+
+
+def _warn_overlap(name: str, these: list[str] | None, other: str, those: list[str]) -> None:
+    if not these:
+        return
+    texts, sentences = shared(these, those)
+    if texts:
+        log.warning(
+            "%d of the %d %s texts share %d sentences with %s: the certificate is then"
+            " measured on text the heads (or the stop) have in effect seen, and optimistic"
+            " on other text; draw them from separate sources",
+            texts,
+            len(these),
+            name,
+            sentences,
+            other,
+        )
+
+
 def calibrate(
     model_dir: Path,
     texts: list[str],
@@ -222,15 +269,25 @@ def calibrate(
     n = len(feats.target)
     if fit_fraction is None:  # separate head text frees the calibration set for testing
         fit_fraction = 0.0 if head_texts else 0.4
-    order = np.random.default_rng(seed).permutation(n)
-    fit, cert = np.split(order, [int(n * fit_fraction)])
+    text_groups = groups(texts)
+    fit, cert = split_by_group(feats.source, text_groups, fit_fraction, seed)
     need = min_accepted(epsilon, delta)
     if len(cert) < need:
+        kinds = len(set(text_groups))
         raise CalibrationTooSmall(
             f"{n} calibration chunks leave {len(cert)} to certify with; epsilon={epsilon:g} at"
             f" delta={delta:g} needs at least {need} accepted chunks with no disagreement"
-            f" (about {math.ceil(need / (1 - fit_fraction))} chunks in all)"
+            f" (about {math.ceil(need / (1 - fit_fraction))} chunks in all"
+            + (
+                f"; the {len(texts)} texts share sentences so much that they make only"
+                f" {kinds} groups that can go to one side or the other"
+                if kinds < len(texts) / 2
+                else ""
+            )
+            + ")"
         )
+    _warn_overlap("--head-texts", head_texts, "the certification texts", texts)
+    _warn_overlap("--documents", documents, "--texts", texts)
     if fit_fraction == 0.0 and not head_texts:
         raise UsageError("fit_fraction 0 needs head_texts to fit the heads on")
     x0, x1, y = feats.embeddings, feats.hidden, feats.target

@@ -1,0 +1,71 @@
+"""Calibration never fits on what it certifies on: texts sharing a sentence stay on one
+side of the split, and text files that share sentences are named with the counts."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+from helpers import kascade_cli, long_documents, texts
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from kascade.toolchain.calibrate import split_by_group
+from kascade.toolchain.overlap import groups, shared
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    text_groups=st.lists(st.integers(0, 6), min_size=1, max_size=30),
+    chunks=st.lists(st.integers(1, 4), min_size=30, max_size=30),
+    fraction=st.floats(0.0, 1.0),
+    seed=st.integers(0, 5),
+)
+def test_no_group_of_texts_is_on_both_sides_of_the_split(text_groups, chunks, fraction, seed):
+    source = np.repeat(np.arange(len(text_groups)), chunks[: len(text_groups)])
+    fit, cert = split_by_group(source, text_groups, fraction, seed)
+    assert sorted([*fit.tolist(), *cert.tolist()]) == list(range(len(source)))
+    g = np.asarray(text_groups)
+    assert not set(g[source[fit]].tolist()) & set(g[source[cert]].tolist())
+
+
+def test_texts_sharing_a_sentence_in_any_script_are_one_group() -> None:
+    jp = "東京の新しい美術館は来月開館する予定です。"
+    got = groups([
+        f"Intro one. {jp}",
+        "Nothing in common with anything else here.",
+        f"{jp}別の文がここに続きます、十分に長く書いておきます。",
+        "Rain is EXPECTED over the weekend!",
+        "rain is expected over the weekend",
+    ])  # fmt: skip
+    assert got == [0, 1, 0, 3, 3]
+
+
+def test_short_common_phrases_do_not_join_texts() -> None:
+    assert groups(["Yes. The first long sentence here.", "Yes. Another long sentence there."]) == [
+        0,
+        1,
+    ]
+    assert shared(["Read more."], ["Read more."]) == (0, 0)
+
+
+def test_calibrate_names_documents_that_share_sentences_with_its_texts(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    model = tmp_path / "model"
+    shutil.copytree(exported["modernbert"], model)
+    docs = [d.text for d in long_documents(60, seed=3)]
+    calibration = tmp_path / "texts.jsonl"
+    calibration.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(400)))
+    documents = tmp_path / "documents.jsonl"
+    # two of them carry a calibration text whole, as a copied page would
+    docs[0] += ". " + texts(400)[5] + "."
+    docs[1] = texts(400)[9] + ". " + docs[1]
+    documents.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
+    r = kascade_cli(
+        "calibrate", "--model", str(model), "--texts", str(calibration), "--documents",
+        str(documents), "--epsilon", "0.1", "--delta", "0.1", "--epsilon-doc", "0.2",
+        "--chunk-tokens", "64", "--overlap", "8", timeout=600,
+    )  # fmt: skip
+    assert "2 of the 60 --documents texts share 2 sentences with --texts" in r.stderr, r.stderr
