@@ -49,7 +49,7 @@ from kascade.toolchain.certify import (
 )
 from kascade.toolchain.document_stop import certify_stop, on_topic_targets, read_documents
 from kascade.toolchain.features import Features, extract
-from kascade.toolchain.overlap import groups, shared
+from kascade.toolchain.overlap import groups, shared, split_by_group
 
 from kascade.errors import UsageError
 
@@ -178,32 +178,6 @@ def threshold_outcome(conf: np.ndarray, wrong: np.ndarray) -> Callable[[float], 
         return int(accepted.sum()), int(wrong[accepted].sum())
 
     return outcome
-
-
-def split_by_group(
-    source: np.ndarray, text_groups: list[int], fit_fraction: float, seed: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Chunk indices to fit the heads on and to certify on (each in a seeded order): whole
-    groups of texts (:mod:`~kascade.toolchain.overlap`) to one side, about ``fit_fraction`` of the
-    chunks to fitting, so no text and no sentence is on both sides.
-
-    >>> source = np.array([0, 0, 1, 2, 2, 3])  # the text of each chunk
-    >>> fit, cert = split_by_group(source, [0, 1, 0, 3], 0.5, seed=0)  # texts 0, 2 share
-    >>> sorted(source[fit].tolist()), sorted(source[cert].tolist())
-    ([0, 0, 2, 2, 3], [1])
-    """
-    rng = np.random.default_rng(seed)
-    group = np.asarray(text_groups)[source]
-    fit_groups: set[int] = set()
-    taken = 0
-    for g in rng.permutation(np.unique(group)).tolist():
-        if taken >= fit_fraction * len(source):
-            break
-        fit_groups.add(g)
-        taken += int((group == g).sum())
-    order = rng.permutation(len(source))
-    in_fit = np.isin(group[order], list(fit_groups))
-    return order[in_fit], order[~in_fit]
 
 
 def _warn_overlap(name: str, these: list[str] | None, other: str, those: list[str]) -> None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from kascade.toolchain.overlap import groups, split_by_group
 
 from kascade.errors import UsageError
 
@@ -95,13 +96,13 @@ def read_examples(
 def split_documents(
     examples: Examples, *, seed: int
 ) -> tuple[list[str], list[str] | None, list[str]]:
-    """A seeded half of the texts (with their labels) and the other half, disjoint.
+    """A seeded half of the texts (with their labels) and the other half, sharing no
+    text and no sentence (whole groups of texts to either side, :mod:`overlap`).
 
     >>> texts, labels, rest = split_documents(Examples(list("abcd"), list("ABCD")), seed=0)
     >>> sorted(texts + rest), [t.upper() for t in texts] == labels
     (['a', 'b', 'c', 'd'], True)
     """
-    order = np.random.default_rng(seed).permutation(len(examples))
-    first, second = np.split(order, [len(examples) // 2])
+    first, second = split_by_group(np.arange(len(examples)), groups(examples.texts), 0.5, seed)
     labels = None if examples.labels is None else [examples.labels[i] for i in first]
     return [examples.texts[i] for i in first], labels, [examples.texts[i] for i in second]

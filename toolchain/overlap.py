@@ -21,6 +21,8 @@ import hashlib
 import re
 import unicodedata
 
+import numpy as np
+
 # Sentence ends in the scripts kascade is measured on (Latin, CJK, Devanagari, Arabic).
 _SENTENCE_END = re.compile(r"(?<=[.!?;\u3002\uff01\uff1f\u0964\u061f])\s*|\n+")
 _NOT_WORD = re.compile(r"[\W\d_]+")
@@ -70,3 +72,29 @@ def shared(these: list[str], those: list[str]) -> tuple[int, int]:
         texts += bool(both)
         common |= both
     return texts, len(common)
+
+
+def split_by_group(
+    source: np.ndarray, text_groups: list[int], fit_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Chunk indices to fit the heads on and to certify on (each in a seeded order): whole
+    groups of texts (:func:`groups`) to one side, about ``fit_fraction`` of the
+    chunks to fitting, so no text and no sentence is on both sides.
+
+    >>> source = np.array([0, 0, 1, 2, 2, 3])  # the text of each chunk
+    >>> fit, cert = split_by_group(source, [0, 1, 0, 3], 0.5, seed=0)  # texts 0, 2 share
+    >>> sorted(source[fit].tolist()), sorted(source[cert].tolist())
+    ([0, 0, 2, 2, 3], [1])
+    """
+    rng = np.random.default_rng(seed)
+    group = np.asarray(text_groups)[source]
+    fit_groups: set[int] = set()
+    taken = 0
+    for g in rng.permutation(np.unique(group)).tolist():
+        if taken >= fit_fraction * len(source):
+            break
+        fit_groups.add(g)
+        taken += int((group == g).sum())
+    order = rng.permutation(len(source))
+    in_fit = np.isin(group[order], list(fit_groups))
+    return order[in_fit], order[~in_fit]
