@@ -83,3 +83,26 @@ def test_plots_are_written_from_result_files(tmp_path: Path) -> None:
     rows = [{"workers": 1, "chunks_per_s": 10.0}, {"workers": 2, "chunks_per_s": 19.0}]
     assert plots.scaling({"x": rows}, tmp_path).is_file()
     json.dumps(lat)
+
+
+def test_the_coverage_pool_keeps_a_sentence_and_its_translations_in_one_group(
+    tmp_path: Path,
+) -> None:
+    from bench.coverage import pool
+
+    for lang, words in (("eng_Latn", ["rain", "sun"]), ("fra_Latn", ["pluie", "soleil"])):
+        (tmp_path / lang).mkdir()
+        rows = [
+            f"{i}\tscience\tA long enough sentence about the {w} today."
+            for i, w in enumerate(words)
+        ]
+        (tmp_path / lang / "train.tsv").write_text(
+            "index_id\tcategory\ttext\n" + "\n".join(rows) + "\n"
+        )
+        (tmp_path / lang / "dev.tsv").write_text("index_id\tcategory\ttext\n")
+    texts, langs, groups = pool(tmp_path, per_language=2, seed=0)
+    assert sorted(langs) == ["eng_Latn", "eng_Latn", "fra_Latn", "fra_Latn"]
+    by_group: dict[int, set[str]] = {}
+    for text, g in zip(texts, groups, strict=True):
+        by_group.setdefault(g, set()).add(text.split()[-2])
+    assert sorted(map(sorted, by_group.values())) == [["pluie", "rain"], ["soleil", "sun"]]

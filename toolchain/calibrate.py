@@ -180,6 +180,79 @@ def threshold_outcome(conf: np.ndarray, wrong: np.ndarray) -> Callable[[float], 
     return outcome
 
 
+@dataclass(frozen=True)
+class ChunkCertificate:
+    """Two fitted heads and the threshold pair certified for them."""
+
+    s0: FittedHead
+    s1: FittedHead
+    threshold: float  # S1's; S0's is s0_threshold(threshold)
+    accepted: int  # certification chunks the cheap stages accepted
+    disagreements: int  # of those, labeled otherwise than by the full model
+
+    def settles(self, feats: Features, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Of the chunks ``idx``: who S0 settles, who S1 settles after it, and whether
+        each settled one disagrees with the full model (the runtime's own heads)."""
+        p0 = Head.of(self.s0.weights).probs(feats.embeddings[idx])
+        p1 = Head.of(self.s1.weights).probs(feats.hidden[idx])
+        y = feats.target[idx]
+        by0 = p0.max(1) >= s0_threshold(self.threshold)
+        by1 = ~by0 & (p1.max(1) >= self.threshold)
+        wrong = (by0 & (p0.argmax(1) != y)) | (by1 & (p1.argmax(1) != y))
+        return by0, by1, wrong
+
+    def agreement(self, feats: Features, idx: np.ndarray) -> tuple[float, float]:
+        """Each head's agreement with the full model on the chunks ``idx``."""
+        y = feats.target[idx]
+        p0 = Head.of(self.s0.weights).probs(feats.embeddings[idx])
+        p1 = Head.of(self.s1.weights).probs(feats.hidden[idx])
+        return float(np.mean(p0.argmax(1) == y)), float(np.mean(p1.argmax(1) == y))
+
+
+def certify_chunks(
+    feats: Features,
+    fit: np.ndarray,
+    cert: np.ndarray,
+    n_labels: int,
+    *,
+    epsilon: float,
+    delta: float,
+    path: tuple[float, ...] = PATH,
+    seed: int = 0,
+    extra: Features | None = None,
+) -> ChunkCertificate:
+    """Fit the heads on the chunks ``fit`` (and all of ``extra``), then certify one
+    threshold pair on the chunks ``cert``: with probability at least 1 - delta, the
+    chunks the cheap stages accept disagree with the full model on at most epsilon."""
+    f0, f1, yf = feats.embeddings[fit], feats.hidden[fit], feats.target[fit]
+    if extra is not None:
+        f0, f1 = np.vstack([f0, extra.embeddings]), np.vstack([f1, extra.hidden])
+        yf = np.concatenate([yf, extra.target])
+    fitted0 = fit_head(f0, yf, n_labels, "embeddings", seed)
+    fitted1 = fit_head(f1, yf, n_labels, "hidden", seed)
+
+    def at(t: float) -> ChunkCertificate:
+        return ChunkCertificate(fitted0, fitted1, t, 0, 0)
+
+    def union(t: float) -> tuple[int, int]:
+        # One test per threshold pair certifies the union of what the cheap stages accept
+        # (a test per stage would split delta and halve the power).
+        by0, by1, wrong = at(t).settles(feats, cert)
+        return int((by0 | by1).sum()), int(wrong.sum())
+
+    t, accepted, disagreements = certify(list(path), union, epsilon, delta)
+    if t == DISABLED:
+        agree0, agree1 = at(0.5).agreement(feats, cert)
+        raise CalibrationTooSmall(
+            f"no threshold could be certified for epsilon={epsilon:g} at delta={delta:g} on"
+            f" {len(cert)} certification chunks (need >= {min_accepted(epsilon, delta)}"
+            f" accepted with no disagreement; the heads agree with the full model on"
+            f" {agree0:.0%} (S0) and {agree1:.0%} (S1)); give more calibration text or a"
+            " larger epsilon"
+        )
+    return ChunkCertificate(fitted0, fitted1, t, accepted, disagreements)
+
+
 def _warn_overlap(name: str, these: list[str] | None, other: str, those: list[str]) -> None:
     if not these:
         return
@@ -264,52 +337,23 @@ def calibrate(
     _warn_overlap("--documents", documents, "--texts", texts)
     if fit_fraction == 0.0 and not head_texts:
         raise UsageError("fit_fraction 0 needs head_texts to fit the heads on")
-    x0, x1, y = feats.embeddings, feats.hidden, feats.target
-    f0, f1 = x0[fit], x1[fit]
-    yf = y[fit]
+    extra = None
     if head_texts:
         extra = extract(
             model_dir, head_texts, max_tokens=max_tokens, overlap=overlap, processes=processes
         )
-        f0, f1 = np.vstack([f0, extra.embeddings]), np.vstack([f1, extra.hidden])
-        yf = np.concatenate([yf, extra.target])
-    labels = len(m.labels)
-    fitted0 = fit_head(f0, yf, labels, "embeddings", seed)
-    fitted1 = fit_head(f1, yf, labels, "hidden", seed)
-    s0, s1 = fitted0.weights, fitted1.weights
-
-    def cascade_view(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        # The runtime's own heads, so thresholds are certified on what a run computes.
-        p0, p1 = Head.of(s0).probs(x0[idx]), Head.of(s1).probs(x1[idx])
-        return p0.max(1), p0.argmax(1) != y[idx], p1.max(1), p1.argmax(1) != y[idx]
-
-    def accepted_at(t: float, view) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Who S0 accepts, who S1 accepts after it, and whether each accepted one is wrong."""
-        c0, w0, c1, w1 = view
-        by0 = c0 >= s0_threshold(t)
-        by1 = ~by0 & (c1 >= t)
-        return by0, by1, (by0 & w0) | (by1 & w1)
-
-    view_b = cascade_view(cert)
-    agree0, agree1 = float(np.mean(~view_b[1])), float(np.mean(~view_b[3]))
-
-    def union(t: float) -> tuple[int, int]:
-        # One test per threshold pair certifies the union of what the cheap stages accept
-        # (a test per stage would split delta and halve the power).
-        by0, by1, wrong = accepted_at(t, view_b)
-        return int((by0 | by1).sum()), int(wrong.sum())
-
-    t, accepted, disagreements = certify(list(path), union, epsilon, delta)
-    if t == DISABLED:
-        raise CalibrationTooSmall(
-            f"no threshold could be certified for epsilon={epsilon:g} at delta={delta:g} on"
-            f" {len(cert)} certification chunks (need >= {need} accepted with no"
-            f" disagreement; the heads agree with the full model on {agree0:.0%} (S0) and"
-            f" {agree1:.0%} (S1)); give more calibration text or a larger epsilon"
-        )
-    by0, by1, wrong = accepted_at(t, view_b)
+    got = certify_chunks(
+        feats, fit, cert, len(m.labels), epsilon=epsilon, delta=delta, path=path, seed=seed,
+        extra=extra,
+    )  # fmt: skip
+    s0, s1, t = got.s0.weights, got.s1.weights, got.threshold
+    accepted, disagreements = got.accepted, got.disagreements
+    by0, by1, wrong = got.settles(feats, cert)
     n0, n1 = int(by0.sum()), int(by1.sum())
     k0, k1 = int((wrong & by0).sum()), int((wrong & by1).sum())
+    agree0, agree1 = got.agreement(feats, cert)
+    fitted0, fitted1 = got.s0, got.s1
+    yf_count = len(fit) + (0 if extra is None else len(extra.target))
     point = OperatingPoint(
         threshold_s0=s0_threshold(t),
         threshold_s1=t,
@@ -322,7 +366,7 @@ def calibrate(
     )
     report = CalibrationReport(
         chunks=n,
-        fit=len(yf),
+        fit=yf_count,
         certify=len(cert),
         head_agreement_s0=agree0,
         head_agreement_s1=agree1,

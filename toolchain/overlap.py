@@ -11,6 +11,8 @@ ignored) are one group, and a group goes wholly to fitting or wholly to certifyi
 
 >>> groups(["The cat sat on the mat today.", "A dog. THE CAT SAT ON THE MAT, TODAY!", "x"])
 [0, 0, 2]
+>>> groups(["Le chat dort.", "x", "The cat sleeps."], related=["s1", "s2", "s1"])  # translations
+[0, 1, 0]
 >>> shared(["Rain is expected over the weekend."], ["rain is expected over the weekend"])
 (1, 1)
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections.abc import Hashable
 
 import numpy as np
 
@@ -40,9 +43,10 @@ def sentence_keys(text: str) -> set[bytes]:
     return keys
 
 
-def groups(texts: list[str]) -> list[int]:
+def groups(texts: list[str], related: list[Hashable] | None = None) -> list[int]:
     """For each text, its group: the smallest index of a text it is connected to through
-    shared sentences (union-find)."""
+    shared sentences, or through an equal ``related`` value (e.g. the id a parallel
+    corpus gives a sentence and its translations), by union-find."""
     parent = list(range(len(texts)))
 
     def root(i: int) -> int:
@@ -51,9 +55,12 @@ def groups(texts: list[str]) -> list[int]:
             i = parent[i]
         return i
 
-    first: dict[bytes, int] = {}
+    first: dict[Hashable, int] = {}
     for i, text in enumerate(texts):
-        for key in sentence_keys(text):
+        keys: set[Hashable] = set(sentence_keys(text))
+        if related is not None:
+            keys.add(("related", related[i]))
+        for key in keys:
             j = first.setdefault(key, i)
             a, b = root(i), root(j)
             if a != b:
