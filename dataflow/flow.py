@@ -279,6 +279,7 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
             "cascade",
             chunked.chunks,
             model.directory,
+            in_force,
             settings.cascade,
             settings.encoder.threads,
             settings.aggregation,

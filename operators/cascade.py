@@ -413,16 +413,6 @@ def cheap_stages(encoder: Encoder, cascade: Cascade, audit_fraction: float) -> C
     return run
 
 
-@functools.lru_cache(maxsize=2)
-def _worker_cascade(
-    model_dir: str, threads: int, operating_point: str | None, audit_fraction: float
-) -> CheapStages:
-    encoder = worker_encoder(model_dir, threads, "stages")
-    model = encoder.model
-    cascade = Cascade.load(Path(model_dir), model.manifest_sha256, operating_point, model.manifest)
-    return cheap_stages(encoder, cascade, audit_fraction)
-
-
 @dataclass(frozen=True)
 class CascadeOut:
     settled: Stream[ChunkResult]
@@ -435,18 +425,25 @@ def cascade(
     step_id: str,
     up: Stream[ChunkTask],
     model_dir: Path,
+    in_force: Cascade,
     settings: CascadeSettings,
     threads: int,
     strategy: Aggregation,
     stop: StopRule | None = None,
 ) -> CascadeOut:
     """Cheap stages per chunk on the document's worker, read in order up to a certified
-    ``stop`` (``None``: every chunk); escalations leave for any worker."""
+    ``stop`` (``None``: every chunk); escalations leave for any worker. ``in_force`` is
+    the calibration the run prepared (the one its records name)."""
+
+    @functools.cache
+    def stages() -> CheapStages:
+        # Once per process: the heads that settle the chunks are the calibration's whose
+        # cascade.json sha256 the records carry, never a file read again here.
+        encoder = worker_encoder(str(model_dir), threads, "stages")
+        return cheap_stages(encoder, in_force, settings.audit_fraction)
 
     def build(resume: CascadeState | None) -> CascadeLogic:
-        cheap = _worker_cascade(
-            str(model_dir), threads, settings.operating_point, settings.audit_fraction
-        )
+        cheap = stages()
         turn = settings.chunks_per_turn or None
         return CascadeLogic(cheap, strategy, settings.audit_fraction, resume, stop, turn)
 
