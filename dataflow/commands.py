@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +106,7 @@ def settings_of(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from kascade.dataflow.flow import build_flow, prepare
+    from kascade.dataflow.recalibration import Recalibration
     from kascade.dataflow.runner import run
 
     settings = settings_of(args, **({"kafka": {"tail": False}} if args.bounded else {}))
@@ -112,7 +114,13 @@ def _cmd_run(args: argparse.Namespace) -> int:
     # What was verified above goes to the flow (and to worker processes) as it is: the
     # model's files are hashed and the cascade checked once per job, not once per process.
     build = functools.partial(build_flow, prepared=prepared)
-    return run(settings, build, describe=prepared.describe(settings))
+    recalibration = Recalibration(settings, prepared)
+
+    def replan() -> Callable[[Settings], Any] | None:
+        new = recalibration.new()
+        return None if new is None else functools.partial(build_flow, prepared=new)
+
+    return run(settings, build, describe=prepared.describe(settings), replan=replan)
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:

@@ -127,7 +127,13 @@ def run_process(
         log.warning("stopped by a signal")
 
 
-def run(settings: Settings, build: FlowBuilder, *, describe: str | None = None) -> int:
+def run(
+    settings: Settings,
+    build: FlowBuilder,
+    *,
+    describe: str | None = None,
+    replan: Callable[[], FlowBuilder | None] | None = None,
+) -> int:
     """Check the cluster and the Schema Registry (raises
     :class:`~kascade.dataflow.kafka_io.KafkaUnavailable`,
     :class:`~kascade.operators.registry.RegistryUnavailable`), then run.
@@ -138,7 +144,8 @@ def run(settings: Settings, build: FlowBuilder, *, describe: str | None = None) 
     unless a single process without recovery runs here. Blocks until the flow ends:
     at the end of the input when ``kafka.tail`` is false, otherwise until interrupted.
     Says what it runs (``describe``) once the checks passed, and what it did when it stops.
-    Returns a process exit status.
+    ``replan`` gives a supervised run a new builder when its plan changes (a new
+    calibration). Returns a process exit status.
     """
     check_cluster(settings.kafka, required_topics(settings))
     check_registry(settings.registry)
@@ -153,7 +160,7 @@ def run(settings: Settings, build: FlowBuilder, *, describe: str | None = None) 
         totals = Counter(metrics.totals())
     else:
         recovery_config(settings)  # create the store once, before the workers race for it
-        totals = supervise(settings, build)
+        totals = supervise(settings, build, replan)
     labeled, dead = totals["labeled"], totals["dead_letters"]
     lifecycle.info(
         "stopped after %.1f s: %d document%s labeled (%d degraded), %d dead letter%s",

@@ -147,16 +147,41 @@ class Ending:
     totals: Counter[str] = field(default_factory=Counter)
 
 
-def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> Counter[str]:
+def supervise(
+    settings: Settings,
+    build: Callable[[Settings], Dataflow],
+    replan: Callable[[], Callable[[Settings], Dataflow] | None] | None = None,
+) -> Counter[str]:
     """Run this host's worker processes until the flow ends, or raise
     :class:`WorkerFailed` with the first failure's cause. Returns what the workers
     labeled and dead-lettered (as :func:`kascade.operators.metrics.totals` counts), over
-    every start, less what workers that were killed had done."""
+    every start, less what workers that were killed had done.
+
+    ``replan`` (asked every few seconds where a recovery directory and a single host
+    allow it) returns a new flow builder when the run's plan changed (a new calibration,
+    :mod:`kascade.dataflow.recalibration`): every worker drains, and all resume from the
+    snapshot with it."""
     r = settings.restarts
     layout = Layout.of(settings)
     token = settings.cluster.token() if layout.hosts is not None else None
     stopping = threading.Event()
     running: list[subprocess.Popen] = []
+    replanned: list[Callable[[Settings], Dataflow]] = []  # the next start's builder
+    reloading = threading.Event()
+
+    def watch_the_plan() -> None:
+        assert replan is not None
+        while not stopping.wait(REPLAN_POLL_S):
+            if reloading.is_set():
+                continue  # the last one is being taken up
+            try:
+                new = replan()
+            except Exception:  # a failed look costs nothing: the plan in force stays
+                log.exception("could not check the model directory for a new calibration")
+                continue
+            if new is not None:
+                replanned[:] = [new]
+                reloading.set()
 
     def stop() -> None:
         stopping.set()
@@ -196,13 +221,22 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> Coun
             bind=settings.cluster.control_host,
         )
     previous = {s: signal.signal(s, signalled) for s in (signal.SIGINT, signal.SIGTERM)}
+    if replan is not None and settings.recovery_dir is not None and layout.hosts is None:
+        threading.Thread(target=watch_the_plan, name="replan", daemon=True).start()
     try:
         restarts, wait = 0, r.backoff_s
         totals: Counter[str] = Counter()
         while True:
             began = time.monotonic()
-            ending = _start_once(settings, build, layout, restarts, running, stopping, control)
+            ending = _start_once(
+                settings, build, layout, restarts, running, stopping, control, reloading
+            )
             totals += ending.totals
+            if ending.cause is None and reloading.is_set() and not stopping.is_set():
+                build = replanned.pop()
+                reloading.clear()
+                log.warning("the workers resume from the snapshot with the new calibration")
+                continue
             if ending.cause is None:
                 return totals
             if time.monotonic() - began >= r.healthy_after_s:
@@ -233,6 +267,10 @@ def supervise(settings: Settings, build: Callable[[Settings], Dataflow]) -> Coun
             control.close()
 
 
+# How often a supervised job looks for a new plan (cascade.json) in the model directory.
+REPLAN_POLL_S = 2.0
+
+
 def _drain_peers(peers: list[Peer], token: str | None) -> None:
     unreached = [str(p) for p in peers if token is None or not ask_to_drain(p, token)]
     if unreached:
@@ -259,6 +297,7 @@ def _start_once(
     running: list[subprocess.Popen],
     stopping: threading.Event,
     control: ControlServer | None,
+    reloading: threading.Event | None = None,
 ) -> Ending:
     notes = None if settings.recovery_dir is None else notes_dir(settings.recovery_dir)
     if notes is not None:
@@ -287,8 +326,16 @@ def _start_once(
     timeout_s = settings.cluster.connect_timeout_s
     told_waiting = False
     deadline = None
+    reload_asked = False
     while any(p.poll() is None for p in procs.values()):
         joined = relay.joined() >= procs.keys()
+        if reloading is not None and reloading.is_set() and joined and not reload_asked:
+            # every worker drains and snapshots; none starts the new plan before all stop
+            reload_asked = True
+            log.warning("a new calibration: draining the workers to take it up")
+            for p in procs.values():
+                if p.poll() is None:
+                    p.send_signal(signal.SIGINT)
         if control is not None and not stopping.is_set():
             control.state = "running" if joined else "waiting"
         failed = [i for i, p in procs.items() if p.poll() not in (None, 0)]

@@ -250,6 +250,64 @@ def test_a_new_calibration_takes_effect_on_restart_from_the_snapshot_and_records
     assert {r.model.cascade_sha256 for d in later for r in records[d.id]} == {new}
 
 
+def sha_of(k: KafkaSettings, doc_id: str) -> str | None:
+    for _, v in read_all(k, k.output_topic):
+        r = OutputRecord.model_validate_json(v)
+        if r.id == doc_id:
+            return r.model.cascade_sha256
+    return None
+
+
+def test_a_running_job_takes_up_a_new_calibration_whole_and_refuses_a_broken_one(
+    kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
+) -> None:
+    """No restart: a new cascade.json is taken up by every worker at once, records name
+    the calibration that settled them, each id is labeled once; a broken file is refused
+    in one line and the calibration in force stays."""
+    model = tmp_path / "model"
+    shutil.copytree(calibrated, model)
+    old = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
+    job = kascade_run(
+        kafka_settings, model, "--cascade", "on", "--workers", "2",
+        "--recovery-dir", str(tmp_path / "recovery"), "--snapshot-interval-s", "0.5",
+    )  # fmt: skip
+    first, middle, later = (docs(p, texts(60), 40) for p in ("first", "middle", "later"))
+    try:
+        send(kafka_settings, first)
+        wait_for(kafka_settings, {d.id for d in first}, job)
+        good = (model / CASCADE_FILE).read_text()
+        (model / CASCADE_FILE).write_text(good.replace('"labels"', '"labelz"', 1))  # broken
+        time.sleep(5)  # more than two looks
+        send(kafka_settings, middle)
+        wait_for(kafka_settings, {d.id for d in middle}, job)
+        calibrate(model, texts(400), epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+        new = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
+        probes = []  # one document at a time until one comes back labeled by the new one
+        deadline = time.monotonic() + 90
+        while not probes or sha_of(kafka_settings, probes[-1].id) != new:
+            assert time.monotonic() < deadline, "the new calibration was not taken up"
+            probes += docs(f"probe{len(probes)}", texts(60), 1)
+            send(kafka_settings, probes[-1:])
+            wait_for(kafka_settings, {probes[-1].id}, job)
+        send(kafka_settings, later)
+        wait_for(kafka_settings, {d.id for d in later}, job)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=90)
+    assert job.returncode == 0, err
+    refusals = [line for line in err.splitlines() if "refusing the new" in line]
+    assert len(refusals) == 1 and "stays" in refusals[0], err
+    assert "the workers resume from the snapshot with the new calibration" in err, err
+    records: dict[str, list[OutputRecord]] = {}
+    for _, v in read_all(kafka_settings, kafka_settings.output_topic):
+        r = OutputRecord.model_validate_json(v)
+        records.setdefault(r.id, []).append(r)
+    assert set(records) == {d.id for d in first + middle + probes + later}  # nothing lost
+    assert all(len(rs) == 1 for rs in records.values())  # nothing twice
+    assert {records[d.id][0].model.cascade_sha256 for d in first + middle} == {old}
+    assert {records[d.id][0].model.cascade_sha256 for d in later} == {new}
+
+
 def test_thousands_of_invented_languages_neither_kill_a_worker_nor_grow_the_metrics(
     kafka_settings: KafkaSettings, calibrated: Path
 ) -> None:
