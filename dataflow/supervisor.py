@@ -94,7 +94,7 @@ def announce_joined() -> None:
     """Tell the supervisor this worker's dataflow runs. Bytewax builds a dataflow only
     once every peer is connected, so the flow's source calls this when it is built; in a
     process without a supervisor it does nothing."""
-    if _in_worker.is_set():
+    if is_worker():
         print(JOINED_MARK, file=sys.stderr, flush=True)
 
 
@@ -201,6 +201,7 @@ def supervise(
             log.warning("draining: no new records are read; a second signal stops at once")
         if first and layout.peers:
             log.warning("draining: asking the cluster's other processes to drain too")
+            assert token is not None  # peers mean several hosts, which need a token
             asking = threading.Thread(target=_drain_peers, args=(layout.peers, token), daemon=True)
             asking.start()
 
@@ -271,8 +272,8 @@ def supervise(
 REPLAN_POLL_S = 2.0
 
 
-def _drain_peers(peers: list[Peer], token: str | None) -> None:
-    unreached = [str(p) for p in peers if token is None or not ask_to_drain(p, token)]
+def _drain_peers(peers: list[Peer], token: str) -> None:
+    unreached = [str(p) for p in peers if not ask_to_drain(p, token)]
     if unreached:
         log.warning("could not ask %s to drain", ", ".join(unreached))
 

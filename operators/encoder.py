@@ -5,8 +5,9 @@ memory probe, a benchmark) carries nothing else; the flow's operator is
 :mod:`operators.full_model`.
 
 A model directory (see :mod:`schemas.manifest`) holds the full graph and three stage
-graphs cut from it. :class:`Encoder` verifies the manifest, loads the tokenizer and the
-graphs, and classifies one chunk per call without padding (measured fastest on CPU);
+graphs cut from it. :func:`load_model_dir` verifies the manifest and loads the tokenizer;
+:class:`Encoder` loads the graphs and classifies one chunk per call without padding
+(measured fastest on CPU);
 ``logits_batch`` pads for the comparisons the benchmarks make.
 """
 

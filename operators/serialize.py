@@ -45,7 +45,10 @@ def output_value(
         raise  # the registry stayed unreachable past its tolerance: not this record's fault
     except Exception as e:
         return _unsendable(
-            labeled, f"output record not serializable: {type(e).__name__}: {e}", stage
+            labeled,
+            f"output record not serializable: {type(e).__name__}: {e}",
+            stage,
+            reason=DeadLetterReason.PROCESSING,
         )
     if len(value) > max_bytes:
         return _unsendable(
@@ -65,11 +68,17 @@ def output_value(
     return Outgoing(writer.key(record, envelope), value, headers, writer.topic, record.source)
 
 
-def _unsendable(labeled: Labeled, detail: str, stage: str, value: bytes = b"") -> DeadLetter:
+def _unsendable(
+    labeled: Labeled,
+    detail: str,
+    stage: str,
+    value: bytes = b"",
+    reason: DeadLetterReason = DeadLetterReason.OVERSIZE,
+) -> DeadLetter:
     record: OutputRecord = labeled.record
     envelope = labeled.envelope
     return DeadLetter.of(
-        DeadLetterReason.OVERSIZE,
+        reason,
         detail,
         stage=stage,
         raw=value,

@@ -2,7 +2,7 @@
 
 The typed records here are the single source of the JSON Schemas in ``schemas/json``;
 ``python -m kascade.schemas.export`` rewrites those files and a test keeps them in step.
-This package imports nothing else of the project.
+This package imports nothing of the project but the base in ``kascade/`` (its errors).
 """
 
 from kascade.schemas.records import (

@@ -3,15 +3,27 @@ calibration that certifies its thresholds."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 from kascade.operators.cascade import CascadeLogic, Head, Verdict, audit_pick
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
 from kascade.schemas import Aggregation
-from kascade.toolchain.calibrate import HEAD_CS, PATH, fit_head, threshold_outcome
+from kascade.toolchain.calibrate import HEAD_CS, PATH, fit_head
 from kascade.toolchain.certify import certify, min_accepted, p_value, upper_bound
 
 TM = Aggregation.TOKEN_MEAN
+
+
+def threshold_outcome(conf: np.ndarray, wrong: np.ndarray) -> Callable[[float], tuple[int, int]]:
+    """Accepted and disagreeing counts of a single head at a threshold."""
+
+    def outcome(t: float) -> tuple[int, int]:
+        accepted = conf >= t
+        return int(accepted.sum()), int(wrong[accepted].sum())
+
+    return outcome
 
 
 def p(*xs: float) -> np.ndarray:

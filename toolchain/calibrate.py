@@ -15,7 +15,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -168,16 +167,6 @@ PATH = (
 def s0_threshold(t: float) -> float:
     """S0's threshold for S1's ``t``: a quarter of the doubt S1 is allowed."""
     return 1 - (1 - t) / 4
-
-
-def threshold_outcome(conf: np.ndarray, wrong: np.ndarray) -> Callable[[float], tuple[int, int]]:
-    """Accepted and disagreeing counts of a single head at a threshold."""
-
-    def outcome(t: float) -> tuple[int, int]:
-        accepted = conf >= t
-        return int(accepted.sum()), int(wrong[accepted].sum())
-
-    return outcome
 
 
 @dataclass(frozen=True)
