@@ -15,7 +15,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import SMALL_CHUNKS, TINY_PATH, kascade_run, output_ids, produce, texts
+from helpers import SMALL_CHUNKS, TINY_PATH, kascade_cli, kascade_run, output_ids, produce, texts
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.local_broker import free_port
 from kascade.schemas import CascadeUse, DeadLetter, InputDocument, OutputRecord
@@ -123,22 +123,31 @@ def test_a_stream_that_drifts_mid_run_trips_the_guarantee_and_falls_back_losing_
         assert r.chunks.full_model == r.chunks.total
 
 
+STEADY = ["de", "en", "fr", "es", "it", "nl", "pl", "pt", "tr"]
+
+
+def nine_and_sw(
+    prefix: str, n: int, drifted: int, agree: list[str], disagree: list[str]
+) -> list[InputDocument]:
+    """``n`` documents in nine steady languages, ``drifted`` in sw spread among them."""
+    out = [
+        InputDocument(id=f"{prefix}-{i}", text=agree[i % len(agree)], lang=STEADY[i % 9])
+        for i in range(n)
+    ]
+    for j in range(drifted):  # sw: the calibration's words in any order
+        doc = InputDocument(id=f"{prefix}-sw-{j}", text=disagree[j % len(disagree)], lang="sw")
+        out.insert((j * len(out)) // drifted, doc)
+    return out
+
+
 def test_one_drifted_language_goes_to_the_full_model_while_nine_keep_their_cascade(
     kafka_settings: KafkaSettings, calibrated: Path
 ) -> None:
     agree, disagree = by_agreement(calibrated, texts(100) + word_salad(1500))
     assert len(agree) >= 10 and len(disagree) >= 3, (len(agree), len(disagree))
-    steady = ["de", "en", "fr", "es", "it", "nl", "pl", "pt", "tr"]
 
     def mixed(prefix: str, n: int, drifted: int) -> list[InputDocument]:
-        out = [
-            InputDocument(id=f"{prefix}-{i}", text=agree[i % len(agree)], lang=steady[i % 9])
-            for i in range(n)
-        ]
-        for j in range(drifted):  # sw: the calibration's words in any order
-            doc = InputDocument(id=f"{prefix}-sw-{j}", text=disagree[j % len(disagree)], lang="sw")
-            out.insert((j * len(out)) // drifted, doc)
-        return out
+        return nine_and_sw(prefix, n, drifted, agree, disagree)
 
     port = free_port()
     job = kascade_run(
@@ -306,6 +315,64 @@ def test_a_running_job_takes_up_a_new_calibration_whole_and_refuses_a_broken_one
     assert all(len(rs) == 1 for rs in records.values())  # nothing twice
     assert {records[d.id][0].model.cascade_sha256 for d in first + middle} == {old}
     assert {records[d.id][0].model.cascade_sha256 for d in later} == {new}
+
+
+def test_the_recovery_loop_end_to_end_drift_sample_recalibrate_and_take_it_up(
+    kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
+) -> None:
+    """README's loop, through the broker: a language drifts and is suspended alone;
+    kascade sample reads the live topic; kascade calibrate certifies on it into the
+    running job's model directory; the job takes it up without a restart, the test
+    holds again, and every id is labeled once."""
+    model = tmp_path / "model"
+    shutil.copytree(calibrated, model)
+    agree, disagree = by_agreement(model, texts(200) + word_salad(1500))
+    port = free_port()
+    job = kascade_run(
+        kafka_settings, model, "--cascade", "on", "--cascade.audit-fraction", "1",
+        "--recovery-dir", str(tmp_path / "recovery"), "--snapshot-interval-s", "0.5",
+        "--metrics-port", str(port),
+    )  # fmt: skip
+    drifting = nine_and_sw("a", 240, 30, agree, disagree)
+    sent = list(drifting)
+    try:
+        send(kafka_settings, drifting)
+        wait_for(kafka_settings, {d.id for d in drifting}, job)
+        assert metric(port, 'kascade_cascade_guarantee{lang="sw",state="violated"}') == 1.0
+        stream = tmp_path / "stream.jsonl"
+        common = ("--brokers", kafka_settings.brokers, "--input-topic", kafka_settings.input_topic)
+        r = kascade_cli("sample", *common, "--count", "1000", "--out", str(stream))
+        assert r.returncode == 0, r.stderr
+        r = kascade_cli(
+            "calibrate", "--model", str(model), "--texts", str(stream), "--lang-column", "lang",
+            "--epsilon", "0.2", "--delta", "0.1", "--chunk-tokens", "64", "--overlap", "8",
+            timeout=600,
+        )  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        new = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
+        deadline = time.monotonic() + 90
+        while sha_of(kafka_settings, sent[-1].id) != new:
+            assert time.monotonic() < deadline, "the new calibration was not taken up"
+            sent += docs(f"probe{len(sent)}", agree, 1)
+            send(kafka_settings, sent[-1:])
+            wait_for(kafka_settings, {sent[-1].id}, job)
+        after = nine_and_sw("b", 120, 12, agree, disagree)
+        sent += after
+        send(kafka_settings, after)
+        wait_for(kafka_settings, {d.id for d in after}, job)
+        assert metric(port, 'kascade_cascade_guarantee{lang="all",state="holding"}') == 1.0
+        assert metric(port, 'kascade_cascade_guarantee{lang="sw",state="holding"}') == 1.0
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=90)
+    assert job.returncode == 0, err
+    records: dict[str, list[OutputRecord]] = {}
+    for _, v in read_all(kafka_settings, kafka_settings.output_topic):
+        r = OutputRecord.model_validate_json(v)
+        records.setdefault(r.id, []).append(r)
+    assert set(records) == {d.id for d in sent} and all(len(v) == 1 for v in records.values())
+    assert all(records[d.id][0].model.cascade_sha256 == new for d in after)
+    assert not any(records[d.id][0].cascade is CascadeUse.SUSPENDED for d in after)
 
 
 def test_thousands_of_invented_languages_neither_kill_a_worker_nor_grow_the_metrics(
