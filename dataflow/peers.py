@@ -8,10 +8,14 @@ its peers over HTTP on its address's port plus ``cluster.control_port_offset``:
   ``restarting`` or ``draining``; a peer that does not answer is down or unreachable.
 - ``GET /ready``: the same, status 200 only while ``running`` (a readiness probe).
 - ``POST /drain``: drain this process too (a peer was sent SIGTERM), so the whole
-  cluster finishes what it holds and exits 0 instead of panicking at the loss. Only
-  with the cluster's shared token (``Authorization: Bearer``, ``cluster.control_token``):
-  anyone else who can reach the port is refused, and the refusal is logged with the
-  caller's address.
+  cluster finishes what it holds and exits 0 instead of panicking at the loss.
+- ``POST /suspend?cascade=SHA256&scope=LANG``: a peer's live test of the bound fired for
+  that calibration and scope (a language, ``other`` or ``all``); this process suspends
+  the same scope (:mod:`kascade.schemas.suspensions`).
+
+The POSTs are obeyed only with the cluster's shared token (``Authorization: Bearer``,
+``cluster.control_token``): anyone else who can reach the port is refused, and the
+refusal is logged with the caller's address.
 
 The server is built for a network it does not control: a request head of bounded size
 and no body, a read timeout per connection, a cap on connections at once (more are
@@ -31,14 +35,18 @@ import hmac
 import ipaddress
 import logging
 import math
+import re
 import resource
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
+
+from kascade.schemas.records import LANGUAGE_TAG
 
 from kascade.errors import KascadeError
 
@@ -86,9 +94,19 @@ def probe(peer: Peer, timeout_s: float = 1.0) -> str:
 
 
 def ask_to_drain(peer: Peer, token: str, timeout_s: float = 2.0) -> bool:
+    return _post(peer, "/drain", token, timeout_s)
+
+
+def tell_suspended(peer: Peer, token: str, cascade_sha256: str, scope: str) -> bool:
+    """Tell a peer that this process suspended ``scope`` for a calibration."""
+    query = urllib.parse.urlencode({"cascade": cascade_sha256, "scope": scope})
+    return _post(peer, f"/suspend?{query}", token, timeout_s=2.0)
+
+
+def _post(peer: Peer, path: str, token: str, timeout_s: float) -> bool:
     host, port = peer.control
     request = urllib.request.Request(
-        f"http://{host}:{port}/drain",
+        f"http://{host}:{port}{path}",
         data=b"",
         method="POST",
         headers={"Authorization": f"Bearer {token}"},
@@ -142,10 +160,12 @@ class ControlServer:
         *,
         token: str,
         bind: str | None = None,
+        on_suspend: Callable[[str, str], None] | None = None,
     ) -> None:
         host, port = control_address(address, offset)
         self.state = "waiting"
         self._on_drain = on_drain
+        self._on_suspend = on_suspend
         self._expected = f"Bearer {token}".encode()
         self._open = 0
         self._cap = max_connections()
@@ -194,21 +214,38 @@ class ControlServer:
             return 200, self.state
         if method == "GET" and path == "/ready":
             return (200 if self.state == "running" else 503), self.state
-        if path != "/drain":
+        route, _, query = path.partition("?")
+        if route not in ("/drain", "/suspend"):
             return 404, "not found"
         if method != "POST":
             return 405, "method not allowed"
         given = headers.get("authorization", "").encode("latin-1", "replace")
         if not hmac.compare_digest(given, self._expected):
-            self._refused(client, "wrong token" if given else "no token")
+            self._refused(client, route[1:], "wrong token" if given else "no token")
             return 403, "forbidden"
         if headers.get("content-length", "0") != "0" or "transfer-encoding" in headers:
-            return 413, "a drain request has no body"
-        log.warning("drain requested by %s", client)
-        self._loop.call_soon(self._on_drain)
-        return 200, "draining"
+            return 413, "a control request has no body"
+        if route == "/drain":
+            log.warning("drain requested by %s", client)
+            self._loop.call_soon(self._on_drain)
+            return 200, "draining"
+        return self._suspend(query, client)
 
-    def _refused(self, client: str, why: str) -> None:
+    def _suspend(self, query: str, client: str) -> tuple[int, str]:
+        params = urllib.parse.parse_qs(query)
+        sha = (params.get("cascade") or [""])[0]
+        scope = (params.get("scope") or [""])[0]
+        if not re.fullmatch(r"[0-9a-f]{64}", sha) or not re.fullmatch(LANGUAGE_TAG, scope):
+            return 400, "bad request"
+        if self._on_suspend is None:
+            return 404, "not found"
+        log.warning(
+            "%s reports the live test fired for %s under calibration %s", client, scope, sha[:12]
+        )
+        self._loop.call_soon(self._on_suspend, sha, scope)
+        return 200, "suspended"
+
+    def _refused(self, client: str, what: str, why: str) -> None:
         """Log a refused drain with its source, at most one line per
         :data:`REFUSALS_SAID_EVERY_S` (a flood of requests is not a flood of lines)."""
         self._refusals += 1
@@ -217,7 +254,8 @@ class ControlServer:
             return
         more = self._refusals - 1
         log.warning(
-            "refused a drain request from %s: %s%s",
+            "refused a %s request from %s: %s%s",
+            what,
             client,
             why,
             f" (and {more} more since the last such line)" if more else "",

@@ -41,8 +41,10 @@ from kascade.dataflow.peers import (
     describe,
     peers_of,
     states,
+    tell_suspended,
 )
 from kascade.operators import inflight
+from kascade.schemas import suspensions
 from kascade.schemas.quarantine import Quarantine, Suspect
 from kascade.schemas.settings import Settings
 
@@ -214,13 +216,23 @@ def supervise(
     if layout.hosts is not None:
         assert token is not None  # a job over several hosts has one (Settings checks)
         own = layout.hosts[layout.ids[0]]
+        recovery_dir = settings.recovery_dir
         control = ControlServer(
             own,
             settings.cluster.control_port_offset,
             drained_by_peer,
             token=token,
             bind=settings.cluster.control_host,
+            on_suspend=None if recovery_dir is None else _suspended_by_peer(recovery_dir),
         )
+        if recovery_dir is not None and layout.peers:
+            spread = threading.Thread(
+                target=_spread_suspensions,
+                args=(recovery_dir, layout.peers, token, stopping),
+                name="spread-suspensions",
+                daemon=True,
+            )
+            spread.start()
     previous = {s: signal.signal(s, signalled) for s in (signal.SIGINT, signal.SIGTERM)}
     if replan is not None and settings.recovery_dir is not None and layout.hosts is None:
         threading.Thread(target=watch_the_plan, name="replan", daemon=True).start()
@@ -270,6 +282,39 @@ def supervise(
 
 # How often a supervised job looks for a new plan (cascade.json) in the model directory.
 REPLAN_POLL_S = 2.0
+# How often a cluster's process passes its new suspensions on to its peers.
+SPREAD_POLL_S = 1.0
+
+
+def _suspended_by_peer(recovery_dir: Path) -> Callable[[str, str], None]:
+    """What a peer's report of a suspension does here: the same scope in this host's
+    suspensions file, which this host's workers adopt within a second."""
+
+    def record(cascade_sha256: str, scope: str) -> None:
+        try:
+            suspensions.add(recovery_dir, cascade_sha256, scope, "reported by a peer process")
+        except (OSError, ValueError) as e:
+            log.warning("cannot record a peer's suspension in %s: %s", recovery_dir, e)
+
+    return record
+
+
+def _spread_suspensions(
+    recovery_dir: Path, peers: list[Peer], token: str, stopping: threading.Event
+) -> None:
+    """Tell every peer each suspension this host's file holds, until each has answered
+    (an unreachable peer is told again later; telling twice changes nothing)."""
+    told: set[tuple[Peer, str, str]] = set()
+    while not stopping.wait(SPREAD_POLL_S):
+        try:
+            entries = suspensions.load(recovery_dir).suspended
+        except (OSError, ValueError):
+            continue
+        for entry in entries:
+            for peer in peers:
+                key = (peer, entry.cascade_sha256, entry.scope)
+                if key not in told and tell_suspended(peer, token, *key[1:]):
+                    told.add(key)
 
 
 def _drain_peers(peers: list[Peer], token: str) -> None:

@@ -15,7 +15,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import cluster_addresses, kascade_run, output_count, output_ids
+from helpers import cluster_addresses, kascade_run, output_count, output_ids, texts
+from kascade.dataflow.consume import read_all
 from kascade.schemas.settings import KafkaSettings
 from test_faults import many, send, wait_for_outputs
 
@@ -229,3 +230,54 @@ def test_a_job_resumes_on_fewer_processes_once_their_recovery_partitions_are_mov
     assert alone.returncode == 0, err
     ids = output_ids(kafka_settings)
     assert sorted(ids) == sorted(d.id for d in first + later)  # each once: resumed, not reread
+
+
+def test_a_suspension_in_one_process_reaches_its_peer_through_the_control_channel(
+    kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
+) -> None:
+    """Each process has its own recovery directory, as on two hosts: what one process's
+    live test suspends, the other learns over the authenticated control port."""
+    import hashlib
+
+    from kascade.schemas import CascadeUse, InputDocument, OutputRecord, suspensions
+    from kascade.schemas.cascade import CASCADE_FILE
+
+    def mixed(prefix: str, n: int) -> list[InputDocument]:
+        return [
+            InputDocument(id=f"{prefix}-{i}", text=t, lang=("sw", "de")[i % 2])
+            for i, t in enumerate(texts(n))
+        ]
+
+    first, second = mixed("a", 20), mixed("b", 60)
+    cluster = Cluster(kafka_settings, calibrated, tmp_path, "--cascade", "on")
+    procs = [cluster.start(0), cluster.start(1)]
+    sha = hashlib.sha256((calibrated / CASCADE_FILE).read_bytes()).hexdigest()
+    told = tmp_path / "recovery-1" / suspensions.SUSPENSIONS_FILE
+    try:
+        send(kafka_settings, first)
+        wait_for_outputs(kafka_settings, len(first), procs[0], timeout_s=180)
+        # as if process 0's test had fired for sw
+        suspensions.add(tmp_path / "recovery-0", sha, "sw", "planted by the test")
+        deadline = time.monotonic() + 15
+        while not (told.is_file() and suspensions.load(told.parent).scopes(sha) == {"sw"}):
+            assert time.monotonic() < deadline, "the peer was not told"
+            time.sleep(0.2)
+        time.sleep(2)  # each process's workers look at their file once a second
+        send(kafka_settings, second)
+        wait_for_outputs(kafka_settings, len(first) + len(second), procs[0], timeout_s=180)
+    finally:
+        ended = cluster.stop_all()
+    assert all(status == 0 for status, _ in ended.values()), ended
+    records = {
+        r.id: r
+        for r in (
+            OutputRecord.model_validate_json(v)
+            for _, v in read_all(kafka_settings, kafka_settings.output_topic)
+        )
+    }
+    later = [records[d.id] for d in second]
+    sw = [r for r in later if r.lang == "sw"]
+    assert {r.source.partition for r in sw} == {0, 1}  # read by both processes
+    assert all(r.cascade is CascadeUse.SUSPENDED for r in sw)
+    assert all(r.cascade is CascadeUse.ON for r in later if r.lang == "de")
+    assert "reports the live test fired for sw" in ended[1][1]

@@ -165,3 +165,26 @@ def test_a_thousand_idle_connections_leave_the_probes_answered_within_a_second(s
     finally:
         for s in idle:
             s.close()
+
+
+def test_a_peers_suspension_is_obeyed_only_with_the_token_and_a_well_formed_scope() -> None:
+    from kascade.dataflow.peers import tell_suspended
+
+    port = free_port()
+    got: list[tuple[str, str]] = []
+    control = ControlServer(
+        f"127.0.0.1:{port - 1}", 1, Drains(), token=TOKEN, on_suspend=lambda *a: got.append(a)
+    )
+    try:
+        sha = "ab" * 32
+        assert not tell_suspended(peer(port), "guess", sha, "sw")
+        assert tell_suspended(peer(port), TOKEN, sha, "sw")
+        for bad in ("sw\nFAKE", "../x", "a" * 40):
+            assert not tell_suspended(peer(port), TOKEN, sha, bad)
+        assert not tell_suspended(peer(port), TOKEN, "not-a-sha", "sw")
+        deadline = time.monotonic() + 5
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert got == [(sha, "sw")]
+    finally:
+        control.close()
