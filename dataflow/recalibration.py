@@ -44,6 +44,8 @@ class Recalibration:
     def new(self) -> Prepared | None:
         """The run prepared with a new calibration, once, when one appeared and serves
         this run; None otherwise (a refusal is said once per file)."""
+        if self.settings.cascade.mode == "off":
+            return None  # the run does not use a cascade, whatever the directory holds
         sha = self._on_disk()
         if sha in self._judged:
             return None
