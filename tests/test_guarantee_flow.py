@@ -58,6 +58,15 @@ def docs(prefix: str, pool: list[str], n: int) -> list[InputDocument]:
     return [InputDocument(id=f"{prefix}-{i}", text=pool[i % len(pool)]) for i in range(n)]
 
 
+def labeled(k: KafkaSettings) -> dict[str, list[OutputRecord]]:
+    """Every result on the output topic, by document id, in the order written."""
+    records: dict[str, list[OutputRecord]] = {}
+    for _, v in read_all(k, k.output_topic):
+        r = OutputRecord.model_validate_json(v)
+        records.setdefault(r.id, []).append(r)
+    return records
+
+
 def send(k: KafkaSettings, batch: list[InputDocument]) -> None:
     produce(k, [(d.id.encode(), d.model_dump_json().encode()) for d in batch])
 
@@ -108,13 +117,7 @@ def test_a_stream_that_drifts_mid_run_trips_the_guarantee_and_falls_back_losing_
     assert "above the certified epsilon" in alarms[0]
     assert "every chunk goes to the full model from now on" in alarms[0]
 
-    records = {
-        r.id: r
-        for r in (
-            OutputRecord.model_validate_json(v)
-            for _, v in read_all(kafka_settings, kafka_settings.output_topic)
-        )
-    }
+    records = {i: rs[-1] for i, rs in labeled(kafka_settings).items()}
     assert set(records) == {d.id for d in before + drift + after}  # nothing lost
     assert all(records[d.id].cascade is CascadeUse.ON for d in before)
     for d in after:  # after the alarm: the full model on every chunk, and said so
@@ -146,15 +149,13 @@ def test_one_drifted_language_goes_to_the_full_model_while_nine_keep_their_casca
     agree, disagree = by_agreement(calibrated, texts(100) + word_salad(1500))
     assert len(agree) >= 10 and len(disagree) >= 3, (len(agree), len(disagree))
 
-    def mixed(prefix: str, n: int, drifted: int) -> list[InputDocument]:
-        return nine_and_sw(prefix, n, drifted, agree, disagree)
-
     port = free_port()
     job = kascade_run(
         kafka_settings, calibrated, "--cascade", "on", "--cascade.audit-fraction", "1",
         "--metrics-port", str(port),
     )  # fmt: skip
-    before, after = mixed("a", 120, 12), mixed("b", 90, 8)
+    before = nine_and_sw("a", 120, 12, agree, disagree)
+    after = nine_and_sw("b", 90, 8, agree, disagree)
     try:
         send(kafka_settings, before)
         wait_for(kafka_settings, {d.id for d in before}, job)
@@ -170,13 +171,7 @@ def test_one_drifted_language_goes_to_the_full_model_while_nine_keep_their_casca
     alarms = [line for line in err.splitlines() if "cascade guarantee violated" in line]
     assert len(alarms) == 1 and "violated on language sw:" in alarms[0], err
     assert "the other languages keep their cascade" in alarms[0]
-    records = {
-        r.id: r
-        for r in (
-            OutputRecord.model_validate_json(v)
-            for _, v in read_all(kafka_settings, kafka_settings.output_topic)
-        )
-    }
+    records = {i: rs[-1] for i, rs in labeled(kafka_settings).items()}
     assert set(records) == {d.id for d in before + after}  # nothing lost
     for d in before + after:
         r = records[d.id]
@@ -212,13 +207,7 @@ def test_a_suspension_survives_a_kill_9_of_a_worker_and_holds_in_every_process(
     assert job.returncode == 0, err
     assert "was killed by SIGKILL; restarting the workers" in err, err
     assert "cascade guarantee violated before this process started" in err, err
-    records = {
-        r.id: r
-        for r in (
-            OutputRecord.model_validate_json(v)
-            for _, v in read_all(kafka_settings, kafka_settings.output_topic)
-        )
-    }
+    records = {i: rs[-1] for i, rs in labeled(kafka_settings).items()}
     assert {d.id for d in drift + after} <= set(records)  # nothing lost
     for d in after:  # text the cascade would settle: after the restart, not one chunk
         r = records[d.id]
@@ -250,21 +239,15 @@ def test_a_new_calibration_takes_effect_on_restart_from_the_snapshot_and_records
     _, err = job.communicate(timeout=300)
     assert job.returncode == 0, err
 
-    records: dict[str, list[OutputRecord]] = {}
-    for _, v in read_all(kafka_settings, kafka_settings.output_topic):
-        r = OutputRecord.model_validate_json(v)
-        records.setdefault(r.id, []).append(r)
+    records = labeled(kafka_settings)
     assert set(records) == {d.id for d in first + later}  # nothing lost
     assert {r.model.cascade_sha256 for d in first for r in records[d.id][:1]} == {old}
     assert {r.model.cascade_sha256 for d in later for r in records[d.id]} == {new}
 
 
 def sha_of(k: KafkaSettings, doc_id: str) -> str | None:
-    for _, v in read_all(k, k.output_topic):
-        r = OutputRecord.model_validate_json(v)
-        if r.id == doc_id:
-            return r.model.cascade_sha256
-    return None
+    found = labeled(k).get(doc_id)
+    return found[0].model.cascade_sha256 if found else None
 
 
 def test_a_running_job_takes_up_a_new_calibration_whole_and_refuses_a_broken_one(
@@ -307,10 +290,7 @@ def test_a_running_job_takes_up_a_new_calibration_whole_and_refuses_a_broken_one
     refusals = [line for line in err.splitlines() if "refusing the new" in line]
     assert len(refusals) == 1 and "stays" in refusals[0], err
     assert "the workers resume from the snapshot with the new calibration" in err, err
-    records: dict[str, list[OutputRecord]] = {}
-    for _, v in read_all(kafka_settings, kafka_settings.output_topic):
-        r = OutputRecord.model_validate_json(v)
-        records.setdefault(r.id, []).append(r)
+    records = labeled(kafka_settings)
     assert set(records) == {d.id for d in first + middle + probes + later}  # nothing lost
     assert all(len(rs) == 1 for rs in records.values())  # nothing twice
     assert {records[d.id][0].model.cascade_sha256 for d in first + middle} == {old}
@@ -366,10 +346,7 @@ def test_the_recovery_loop_end_to_end_drift_sample_recalibrate_and_take_it_up(
         job.send_signal(signal.SIGTERM)
         _, err = job.communicate(timeout=90)
     assert job.returncode == 0, err
-    records: dict[str, list[OutputRecord]] = {}
-    for _, v in read_all(kafka_settings, kafka_settings.output_topic):
-        r = OutputRecord.model_validate_json(v)
-        records.setdefault(r.id, []).append(r)
+    records = labeled(kafka_settings)
     assert set(records) == {d.id for d in sent} and all(len(v) == 1 for v in records.values())
     assert all(records[d.id][0].model.cascade_sha256 == new for d in after)
     assert not any(records[d.id][0].cascade is CascadeUse.SUSPENDED for d in after)
