@@ -15,7 +15,7 @@ from bytewax.connectors.kafka import KafkaError
 from bytewax.dataflow import Dataflow, Stream
 from kascade.dataflow.exactly_once import TransactionalSink, route
 from kascade.dataflow.kafka_io import DeliveryCheckedSink, source
-from kascade.operators import guarantee, metrics
+from kascade.operators import backends, guarantee, metrics
 from kascade.operators.cascade import Cascade, cascade
 from kascade.operators.chunking import chunk
 from kascade.operators.encoder import Loaded, load_model_dir
@@ -28,6 +28,7 @@ from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.validate import Received, kafka_errors, validate
 from kascade.schemas import CascadeUse, DeadLetter, ModelIdentity
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, StopRule
+from kascade.schemas.engine import Engine
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.quarantine import Coordinates, Quarantine
 from kascade.schemas.settings import Delivery, Settings
@@ -109,10 +110,12 @@ def model_identity(model: Loaded, cascade: Cascade | None = None) -> ModelIdenti
     )
 
 
-def cascade_use(settings: Settings, model: Loaded) -> tuple[CascadeUse, Cascade | None]:
+def cascade_use(settings: Settings, model: Loaded) -> tuple[CascadeUse, Cascade | None, Engine]:
     """Whether the flow runs the cheap stages (``cascade.mode``, the model's
-    ``cascade.json``, and whether it was certified on this run's chunking), with the
-    cascade when it does: loaded once, for everything the run reads of it.
+    ``cascade.json``, and whether it was certified on this run's chunking and engine),
+    with the cascade when it does (loaded once, for everything the run reads of it), and
+    the engine the run uses: under ``encoder.backend=auto`` the one the cascade was
+    certified with, where this host runs it.
 
     Raises :class:`CascadeMismatch` for a cascade that cannot serve this run, unless
     ``cascade.if_uncertified`` says to go on without it.
@@ -120,20 +123,21 @@ def cascade_use(settings: Settings, model: Loaded) -> tuple[CascadeUse, Cascade 
     c = settings.cascade
     present = (model.directory / CASCADE_FILE).is_file()
     if c.mode == "off" or (c.mode == "auto" and not present):
-        return CascadeUse.OFF, None
+        return CascadeUse.OFF, None, backends.resolve(settings.encoder, model.manifest)
     cascade = Cascade.load(
         model.directory, model.manifest_sha256, c.operating_point, model.manifest
     )
-    problem = cascade.certified_for(settings.chunking, model.manifest.files[TOKENIZER])
+    engine = backends.resolve(settings.encoder, model.manifest, cascade.spec.engine)
+    problem = cascade.certified_for(settings.chunking, model.manifest.files[TOKENIZER], engine)
     if problem is None:
-        return CascadeUse.ON, cascade
+        return CascadeUse.ON, cascade, engine
     if c.if_uncertified == "refuse":
         raise CascadeMismatch(
-            f"{problem}: run with those chunking settings, run kascade calibrate again, or"
+            f"{problem}: run with the certified settings, run kascade calibrate again, or"
             " set cascade.if_uncertified=full_model to classify every chunk with the full model"
         )
     log.warning("%s; every chunk goes to the full model (cascade.if_uncertified)", problem)
-    return CascadeUse.UNCERTIFIED, None
+    return CascadeUse.UNCERTIFIED, None, engine
 
 
 def document_stop(settings: Settings, model: Loaded, cascade: Cascade | None) -> StopRule | None:
@@ -178,6 +182,7 @@ class Prepared:
     cascade: CascadeUse
     in_force: Cascade | None  # the cascade the run serves (None: every chunk, full model)
     stop: StopRule | None  # None: documents are read to the end
+    engine: Engine  # what runs the graphs on every worker
 
     def describe(self, settings: Settings) -> str:
         """The line a job starts with: where it reads and writes, what it serves, how."""
@@ -191,7 +196,8 @@ class Prepared:
         parts = [
             f"kafka {k.brokers}: {k.input_topic} -> {k.output_topic}"
             f" (dead letters -> {k.dead_letter_topic}, {'tailing' if k.tail else 'to the end'})",
-            f"model {self.model.directory} ({m.variant}, {len(m.labels)} labels)",
+            f"model {self.model.directory} ({m.variant}, {len(m.labels)} labels,"
+            f" {self.engine.name})",
             f"cascade {self.cascade.value}, reading {reading}",
             f"{processes} x {settings.encoder.threads} thread"
             + ("s" if settings.encoder.threads > 1 else ""),
@@ -217,8 +223,8 @@ def prepare(settings: Settings) -> Prepared:
             f"chunk size {settings.chunking.max_tokens} exceeds the model's maximum length"
             f" {model.manifest.max_length}"
         )
-    use, in_force = cascade_use(settings, model)
-    return Prepared(model, use, in_force, document_stop(settings, model, in_force))
+    use, in_force, engine = cascade_use(settings, model)
+    return Prepared(model, use, in_force, document_stop(settings, model, in_force), engine)
 
 
 def _record_audit(_step: str, result: ChunkResult) -> None:
@@ -282,19 +288,22 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
             in_force,
             settings.cascade,
             settings.encoder.threads,
+            prepared.engine,
             settings.aggregation,
             stop,
         )
         late_dead.append(cheap.dead)
         # Chunks of one document may run on different workers: the full model is the cost.
         spread = op.redistribute("spread", cheap.escalations)
-        full = classify("classify", spread, model.directory, settings.encoder, graphs="stages")
+        full = classify(
+            "classify", spread, model.directory, settings.encoder, prepared.engine, "stages"
+        )
         audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
         op.inspect("audit_agreement", audits.trues, _record_audit)
         results = op.merge("results", cheap.settled, audits.falses)
     else:
         spread = op.redistribute("spread", chunked.chunks)
-        results = classify("classify", spread, model.directory, settings.encoder)
+        results = classify("classify", spread, model.directory, settings.encoder, prepared.engine)
     records = assemble("assemble", results, chunked.empty, labeling)
     limit = settings.kafka.record_limit()
     writer = Writer(settings.output, settings.registry, settings.kafka.output_topic)

@@ -49,6 +49,7 @@ from kascade.schemas.cascade import (
     OperatingPoint,
     StopRule,
 )
+from kascade.schemas.engine import Engine
 from kascade.schemas.manifest import ModelManifest
 from kascade.schemas.problems import first_problem
 from kascade.schemas.settings import CascadeSettings, ChunkSettings
@@ -155,12 +156,21 @@ class Cascade:
         digest = hashlib.sha256(text).hexdigest()
         return cls(spec, Head.of(spec.s0), Head.of(spec.s1), point, on_topic, digest)
 
-    def certified_for(self, chunking: ChunkSettings, tokenizer_sha256: str) -> str | None:
-        """Why this calibration does not hold for chunks made this way (``None``: it does).
+    def certified_for(
+        self, chunking: ChunkSettings, tokenizer_sha256: str, engine: Engine
+    ) -> str | None:
+        """Why this calibration does not hold for chunks made this way and classified by
+        ``engine`` (``None``: it does).
 
-        The guarantee is a statement about the chunks it was measured on; other sizes,
-        overlaps or tokenizations are another distribution.
+        The guarantee is a statement about the chunks it was measured on, as the engine
+        it was measured with computes them; other sizes, overlaps, tokenizations or
+        arithmetic are another distribution.
         """
+        if self.spec.engine != engine:
+            return (
+                f"the cascade was certified with the {self.spec.engine.name} engine; this run"
+                f" uses {engine.name} (--encoder.backend, --encoder.precision)"
+            )
         c = self.spec.chunking
         if c.tokenizer_sha256 != tokenizer_sha256:
             return "the cascade was certified with another tokenizer"
@@ -428,6 +438,7 @@ def cascade(
     in_force: Cascade,
     settings: CascadeSettings,
     threads: int,
+    engine: Engine,
     strategy: Aggregation,
     stop: StopRule | None = None,
 ) -> CascadeOut:
@@ -439,7 +450,7 @@ def cascade(
     def stages() -> CheapStages:
         # Once per process: the heads that settle the chunks are the calibration's whose
         # cascade.json sha256 the records carry, never a file read again here.
-        encoder = worker_encoder(str(model_dir), threads, "stages")
+        encoder = worker_encoder(str(model_dir), threads, "stages", engine)
         return cheap_stages(encoder, in_force, settings.audit_fraction)
 
     def build(resume: CascadeState | None) -> CascadeLogic:

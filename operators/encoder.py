@@ -1,4 +1,4 @@
-"""The quantized model as ONNX Runtime sessions: one per worker process, created once.
+"""The quantized model's graphs, loaded once per worker process by the run's engine.
 
 This module imports no Bytewax, so a process that only classifies (the toolchain's
 memory probe, a benchmark) carries nothing else; the flow's operator is
@@ -6,8 +6,8 @@ memory probe, a benchmark) carries nothing else; the flow's operator is
 
 A model directory (see :mod:`schemas.manifest`) holds the full graph and three stage
 graphs cut from it. :func:`load_model_dir` verifies the manifest and loads the tokenizer;
-:class:`Encoder` loads the graphs and classifies one chunk per call without padding
-(measured fastest on CPU);
+:class:`Encoder` loads the graphs with an engine (:mod:`operators.backends`) and
+classifies one chunk per call without padding (measured fastest on CPU);
 ``logits_batch`` pads for the comparisons the benchmarks make.
 """
 
@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import onnxruntime as ort
+from kascade.operators.backends import Graph, load_graph
+from kascade.schemas.engine import Engine
 from kascade.schemas.manifest import (
     EMBED_GRAPH,
     FULL_GRAPH,
@@ -32,18 +33,6 @@ from kascade.schemas.manifest import (
 from tokenizers import Tokenizer
 
 Graphs = Literal["full", "stages"]
-
-
-def session(path: Path, threads: int) -> ort.InferenceSession:
-    """A CPU session with an explicit thread count, so workers x threads <= cores."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    # Spinning threads burn the core a sibling worker process needs.
-    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
@@ -103,20 +92,29 @@ def load_model_dir(directory: Path | str, *, verify: bool = True) -> Loaded:
 class Encoder:
     """Classifies token-id sequences with the model directory's ONNX graphs.
 
-    ``graphs="full"`` loads only the full graph (one session); ``"stages"`` loads the
-    embed, prefix and suffix graphs, which the cascade runs piecewise.
+    ``graphs="full"`` loads only the full graph; ``"stages"`` loads the embed, prefix
+    and suffix graphs, which the cascade runs piecewise. ``engine`` defaults to ONNX
+    Runtime in FP32 arithmetic (the graph's own precision).
     """
 
-    def __init__(self, model: Loaded, *, threads: int = 1, graphs: Graphs = "full") -> None:
+    def __init__(
+        self,
+        model: Loaded,
+        *,
+        threads: int = 1,
+        graphs: Graphs = "full",
+        engine: Engine | None = None,
+    ) -> None:
         self.model = model
         self.graphs = graphs
+        self.engine = engine or Engine()
         d = model.directory
         if graphs == "full":
-            self._full = session(d / FULL_GRAPH, threads)
+            self._full = load_graph(d / FULL_GRAPH, threads, self.engine)
         else:
-            self._embed = session(d / EMBED_GRAPH, threads)
-            self._prefix = session(d / PREFIX_GRAPH, threads)
-            self._suffix = session(d / SUFFIX_GRAPH, threads)
+            self._embed = load_graph(d / EMBED_GRAPH, threads, self.engine)
+            self._prefix = load_graph(d / PREFIX_GRAPH, threads, self.engine)
+            self._suffix = load_graph(d / SUFFIX_GRAPH, threads, self.engine)
 
     @property
     def labels(self) -> list[str]:
@@ -127,7 +125,7 @@ class Encoder:
         ids2 = ids.reshape(1, -1)
         mask = np.ones_like(ids2)
         if self.graphs == "full":
-            return self._full.run(["logits"], {"input_ids": ids2, "attention_mask": mask})[0][0]
+            return self._full.run({"input_ids": ids2, "attention_mask": mask}, "logits")[0]
         emb = self.embeddings(ids2, mask)
         hidden = self.prefix(emb, mask)
         return self.suffix(hidden, mask)[0]
@@ -142,7 +140,7 @@ class Encoder:
             ids[i, : len(s)] = s
             mask[i, : len(s)] = 1
         if self.graphs == "full":
-            return self._full.run(["logits"], {"input_ids": ids, "attention_mask": mask})[0]
+            return self._full.run({"input_ids": ids, "attention_mask": mask}, "logits")
         return self.suffix(self.prefix(self.embeddings(ids, mask), mask), mask)
 
     def embeddings(self, ids: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
@@ -156,7 +154,6 @@ class Encoder:
         return _run(self._suffix, {"hidden": hidden, "attention_mask": mask})
 
 
-def _run(sess: ort.InferenceSession, available: dict[str, np.ndarray]) -> np.ndarray:
+def _run(graph: Graph, available: dict[str, np.ndarray]) -> np.ndarray:
     # A stage graph declares only the inputs it reads (see toolchain.graphs.cut_stages).
-    feed = {i.name: available[i.name] for i in sess.get_inputs()}
-    return sess.run(None, feed)[0]
+    return graph.run({name: available[name] for name in graph.inputs})

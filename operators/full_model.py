@@ -13,17 +13,21 @@ from bytewax.dataflow import Stream, operator
 from kascade.operators import inflight, metrics
 from kascade.operators.encoder import Encoder, Graphs, load_model_dir, softmax
 from kascade.operators.items import ChunkResult, ChunkTask, Escalation
+from kascade.schemas.engine import Engine
 from kascade.schemas.settings import EncoderSettings
 
 
 @functools.lru_cache(maxsize=2)
-def worker_encoder(model_dir: str, threads: int, graphs: Graphs = "full") -> Encoder:
+def worker_encoder(
+    model_dir: str, threads: int, graphs: Graphs = "full", engine: Engine | None = None
+) -> Encoder:
     """One encoder per worker process and model, created on first use.
 
     The flow builder verifies the manifest before anything runs, so workers skip the
     second hash pass over the graphs.
     """
-    return Encoder(load_model_dir(model_dir, verify=False), threads=threads, graphs=graphs)
+    loaded = load_model_dir(model_dir, verify=False)
+    return Encoder(loaded, threads=threads, graphs=graphs, engine=engine)
 
 
 Work = ChunkTask | Escalation
@@ -96,12 +100,14 @@ def classify(
     up: Stream[Work],
     model_dir: Path,
     settings: EncoderSettings,
+    engine: Engine,
     graphs: Graphs = "full",
 ) -> Stream[ChunkResult]:
-    """The full model on each chunk, on whichever worker the chunk landed."""
+    """The full model on each chunk, on whichever worker the chunk landed, run by
+    ``engine`` (resolved once by the driver from ``settings``)."""
 
     def run_batch(items: list[Work]) -> list[ChunkResult]:
-        encoder = worker_encoder(str(model_dir), settings.threads, graphs)
+        encoder = worker_encoder(str(model_dir), settings.threads, graphs, engine)
         return _classify_all(encoder, items, settings.micro_batch)
 
     return op.flat_map_batch("full_model", up, run_batch)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from kascade.schemas.engine import Engine
 from kascade.schemas.records import Aggregation
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -20,9 +21,10 @@ CASCADE_FILE = "cascade.json"
 # The guarantee kascade calibrate certifies unless told otherwise.
 DEFAULT_EPSILON = 0.01
 DEFAULT_DELTA = 0.05
-# 2: records the chunking and tokenizer it was certified on; 3: may hold a document stop
-CASCADE_VERSION = 3
-READABLE_VERSIONS = (2, 3)
+# 2: records the chunking and tokenizer it was certified on; 3: may hold a document stop;
+# 4: names the engine (earlier versions were all made with ONNX Runtime in FP32)
+CASCADE_VERSION = 4
+READABLE_VERSIONS = (2, 3, 4)
 
 
 class CascadeMismatch(UsageError):
@@ -205,6 +207,11 @@ class CascadeSpec(BaseModel):
     version: int = CASCADE_VERSION
     model_manifest_sha256: str = Field(description="Manifest digest of the model it fits.")
     chunking: CertifiedChunking
+    engine: Engine = Field(
+        default_factory=Engine,
+        description="The engine whose numbers were calibrated: another engine computes"
+        " other hidden states and other full-model labels.",
+    )
     cascade_layer: int
     labels: list[str]
     s0: HeadWeights

@@ -17,11 +17,12 @@ from bytewax.testing import cluster_main, run_main
 from helpers import documents, produce
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
+from kascade.operators import backends
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir, softmax
 from kascade.operators.reduce import ChunkVerdict, aggregate
 from kascade.schemas import Aggregation, DeadLetter, InputDocument, OutputRecord
-from kascade.schemas.settings import KafkaSettings, Settings
+from kascade.schemas.settings import EncoderSettings, KafkaSettings, Settings
 from tiny_models import CORPUS
 
 pytestmark = pytest.mark.kafka
@@ -46,10 +47,11 @@ def entry_point(request):
 def expected_record(
     model_dir: Path, doc: InputDocument, chunking: dict = CHUNKING
 ) -> tuple[str | None, int]:
-    """The label and chunk count computed directly, without Kafka or Bytewax."""
+    """The label and chunk count computed directly, without Kafka or Bytewax, by the
+    engine a run resolves (on an AMX host with OpenVINO: bf16)."""
     loaded = load_model_dir(model_dir)
     chunks = chunk_text(doc.text, loaded.tokenizer, **chunking)
-    encoder = Encoder(loaded)
+    encoder = Encoder(loaded, engine=backends.resolve(EncoderSettings(), loaded.manifest))
     verdicts = [
         ChunkVerdict(c.index, c.n_tokens, softmax(encoder.logits(c.ids).astype(np.float64)))
         for c in chunks

@@ -35,6 +35,7 @@ from kascade.schemas.cascade import (
     OperatingPoint,
     StopRule,
 )
+from kascade.schemas.engine import Engine
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.settings import ChunkSettings
@@ -277,6 +278,7 @@ def calibrate(
     aggregation: Aggregation = Aggregation.TOKEN_MEAN,
     stop_path: tuple[StopRule, ...] = STOP_PATH,
     processes: int | None = None,
+    engine: Engine | None = None,
 ) -> CascadeSpec:
     """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``.
 
@@ -286,8 +288,11 @@ def calibrate(
     texts like the stream's, none of them among ``texts``) certify a document stop at
     ``epsilon_doc`` for ``aggregation``; when none certifies, ``cascade.json`` is written
     without one and :class:`CalibrationTooSmall` says why. The full model runs on up to
-    ``processes`` worker processes (default: every core), with the same result.
+    ``processes`` worker processes (default: every core), with the same result, run by
+    ``engine`` (default ONNX Runtime), which ``cascade.json`` names: a run with another
+    engine computes other numbers, so it refuses the cascade.
     """
+    engine = engine or Engine()
     if languages is not None and len(languages) != len(texts):
         raise UsageError(f"{len(languages)} languages for {len(texts)} calibration texts")
     if documents is not None and len(documents) < min_accepted(epsilon_doc, delta):
@@ -301,7 +306,11 @@ def calibrate(
     max_tokens, overlap = chunking.max_tokens, chunking.overlap
     loaded = load_model_dir(model_dir)
     m = loaded.manifest
-    feats = extract(model_dir, texts, max_tokens=max_tokens, overlap=overlap, processes=processes)
+    chunks_of = functools.partial(
+        extract, model_dir, max_tokens=max_tokens, overlap=overlap, processes=processes,
+        engine=engine,
+    )  # fmt: skip
+    feats = chunks_of(texts)
     n = len(feats.target)
     if fit_fraction is None:  # separate head text frees the calibration set for testing
         fit_fraction = 0.0 if head_texts else 0.4
@@ -328,9 +337,7 @@ def calibrate(
         raise UsageError("fit_fraction 0 needs head_texts to fit the heads on")
     extra = None
     if head_texts:
-        extra = extract(
-            model_dir, head_texts, max_tokens=max_tokens, overlap=overlap, processes=processes
-        )
+        extra = chunks_of(head_texts)
     got = certify_chunks(
         feats, fit, cert, len(m.labels), epsilon=epsilon, delta=delta, path=path, seed=seed,
         extra=extra,
@@ -377,6 +384,7 @@ def calibrate(
             overlap=overlap,
             tokenizer_sha256=loaded.manifest.files[TOKENIZER],
         ),
+        engine=engine,
         cascade_layer=m.cascade_layer,
         labels=m.labels,
         s0=s0,
@@ -407,6 +415,7 @@ def calibrate(
         [t for t in documents if t.strip()],
         processes=processes,
         what="documents",
+        engine=engine,
     )
     docs = [doc for block in blocks for doc in block]
     try:

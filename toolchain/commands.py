@@ -12,12 +12,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from kascade.schemas import Aggregation
 from kascade.schemas.cascade import DEFAULT_DELTA, DEFAULT_EPSILON
+from kascade.schemas.engine import Engine
 from kascade.schemas.files import write_text_atomically
-from kascade.schemas.settings import ChunkSettings, settings_error
+from kascade.schemas.manifest import read_manifest
+from kascade.schemas.settings import ChunkSettings, EncoderSettings, settings_error
 from kascade.toolchain.train_config import TrainConfig, add_train_flags
 from pydantic import ValidationError
 
@@ -28,6 +30,18 @@ from kascade.errors import UsageError
 def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
     """The named flags the user gave (``None`` means: the function's own default)."""
     return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
+
+
+def _engine_flags(p: argparse.ArgumentParser) -> None:
+    """kascade run's ``--encoder.backend`` and ``--encoder.precision``, from its settings."""
+    for name in ("backend", "precision"):
+        field = EncoderSettings.model_fields[name]
+        p.add_argument(
+            f"--encoder.{name}",
+            dest=name,
+            choices=get_args(field.annotation),
+            help=f"{field.description} ({field.default})",
+        )
 
 
 def _data_flags(p: argparse.ArgumentParser, *, labels_required: bool) -> None:
@@ -173,6 +187,19 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 UNDETERMINED = "und"
 
 
+def _engine(args: argparse.Namespace) -> Engine:
+    """The engine ``--encoder.backend``/``--encoder.precision`` pick for ``--model``, as
+    ``kascade run`` resolves them (the run then finds the calibration's engine)."""
+    from kascade.operators import backends
+
+    try:
+        settings = EncoderSettings(**_given(args, "backend", "precision"))
+    except ValidationError as e:
+        raise settings_error(e) from None
+    manifest, _ = read_manifest(args.model, verify=False)
+    return backends.resolve(settings, manifest)
+
+
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from kascade.toolchain.calibrate import calibrate
     from kascade.toolchain.data import read_examples, split_documents
@@ -206,13 +233,15 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         head_texts=head_texts,
         languages=languages,
         documents=documents,
+        engine=_engine(args),
         **_given(args, "epsilon", "delta", "seed", "epsilon_doc", "aggregation", "processes"),
     )
     point = spec.operating_points[spec.default_operating_point]
     r = spec.report
     print(
         f"wrote {args.model}/cascade.json: {r.chunks} chunks of {spec.chunking.describe()}"
-        f" (heads fitted on {r.fit}, thresholds certified on {r.certify})"
+        f" run by {spec.engine.name} (heads fitted on {r.fit}, thresholds certified on"
+        f" {r.certify})"
     )
     print(
         f"heads agree with the full model on {r.head_agreement_s0:.1%} (S0) and"
@@ -381,6 +410,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help=f"as kascade run will use ({chunks.overlap})",
     )
     p.add_argument("--seed", type=int, help="of the head/certification split")
+    _engine_flags(p)
     p.add_argument(
         "--processes",
         type=positive,

@@ -12,6 +12,7 @@ import numpy as np
 from kascade.operators.cascade import pooled
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, softmax
+from kascade.schemas.engine import Engine
 from kascade.toolchain import passes
 
 from kascade.errors import UsageError
@@ -57,11 +58,14 @@ def extract(
     max_tokens: int,
     overlap: int,
     processes: int | None = None,
+    engine: Engine | None = None,
 ) -> Features:
     """Pooled features and the full model's answer for every chunk of ``texts``, on up
-    to ``processes`` worker processes (default: every core)."""
+    to ``processes`` worker processes (default: every core), run by ``engine``."""
     work = functools.partial(extract_block, max_tokens=max_tokens, overlap=overlap)
-    parts = passes.over_texts(model_dir, work, texts, processes=processes, what="chunks")
+    parts = passes.over_texts(
+        model_dir, work, texts, processes=processes, what="chunks", engine=engine
+    )
     starts = itertools.accumulate((len(b) for b in passes.blocks_of(texts)), initial=0)
     return Features.joined(list(zip(starts, parts, strict=False)))
 

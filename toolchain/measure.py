@@ -12,7 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kascade.operators.encoder import Encoder, Graphs, load_model_dir, session
+from kascade.operators.backends import load_graph
+from kascade.operators.encoder import Encoder, Graphs, load_model_dir
+from kascade.schemas.engine import Engine
 from kascade.schemas.manifest import FULL_GRAPH, STAGE_GRAPHS, WEIGHTS
 
 
@@ -37,20 +39,34 @@ def tokenize(directory: Path, texts: list[str]) -> list[np.ndarray]:
     return [loaded.encode(t) for t in texts]
 
 
-def run(directory: Path, seqs: list[np.ndarray], *, threads: int = 1, warmup: int = 3) -> Run:
+def run(
+    directory: Path,
+    seqs: list[np.ndarray],
+    *,
+    threads: int = 1,
+    warmup: int = 3,
+    engine: Engine | None = None,
+) -> Run:
     """Classify each sequence alone (no padding) with a verified model directory."""
     load_model_dir(directory)  # verifies the manifest's hashes
-    return run_graph(Path(directory) / FULL_GRAPH, seqs, threads=threads, warmup=warmup)
+    path = Path(directory) / FULL_GRAPH
+    return run_graph(path, seqs, threads=threads, warmup=warmup, engine=engine)
 
 
-def run_graph(path: Path, seqs: list[np.ndarray], *, threads: int = 1, warmup: int = 3) -> Run:
+def run_graph(
+    path: Path,
+    seqs: list[np.ndarray],
+    *,
+    threads: int = 1,
+    warmup: int = 3,
+    engine: Engine | None = None,
+) -> Run:
     """Classify each sequence alone with one full graph file, timing every call."""
-    sess = session(path, threads)
+    graph = load_graph(path, threads, engine or Engine())
 
     def call(ids: np.ndarray) -> np.ndarray:
         ids2 = ids.reshape(1, -1)
-        feed = {"input_ids": ids2, "attention_mask": np.ones_like(ids2)}
-        return sess.run(["logits"], feed)[0][0]
+        return graph.run({"input_ids": ids2, "attention_mask": np.ones_like(ids2)}, "logits")[0]
 
     for s in seqs[:warmup]:
         call(s)

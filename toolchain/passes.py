@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.schemas.engine import Engine
 
 T = TypeVar("T")
 Work = Callable[[Encoder, list[str]], T]
@@ -46,10 +47,13 @@ def over_texts(
     *,
     processes: int | None = None,
     what: str = "full model",
+    engine: Engine | None = None,
 ) -> list[T]:
     """``work(encoder, block)`` for consecutive blocks of ``texts``, in order, on up to
-    ``processes`` worker processes (default: every core this process may use); ``work``
-    must be picklable (a module-level function, or a partial of one)."""
+    ``processes`` worker processes (default: every core this process may use), the
+    graphs run by ``engine`` (default ONNX Runtime); ``work`` must be picklable (a
+    module-level function, or a partial of one)."""
+    engine = engine or Engine()
     from tqdm import tqdm
 
     blocks = blocks_of(texts)
@@ -58,7 +62,7 @@ def over_texts(
     # disable=None: a bar on a terminal, nothing in a log file or a pipe
     with tqdm(total=len(texts), desc=what, unit="text", disable=None, leave=False) as bar:
         if processes == 1:
-            encoder = Encoder(load_model_dir(model_dir), graphs="stages")
+            encoder = Encoder(load_model_dir(model_dir), graphs="stages", engine=engine)
             for block in blocks:
                 out.append(work(encoder, block))
                 bar.update(len(block))
@@ -68,7 +72,7 @@ def over_texts(
             # spawn: ONNX Runtime's threads and sessions do not survive a fork
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start,
-            initargs=(str(model_dir),),
+            initargs=(str(model_dir), engine),
         ) as pool:
             results = pool.map(functools.partial(_run, work), blocks)
             for block, result in zip(blocks, results, strict=True):
@@ -77,9 +81,9 @@ def over_texts(
     return out
 
 
-def _start(model_dir: str) -> None:
+def _start(model_dir: str, engine: Engine) -> None:
     global _encoder
-    _encoder = Encoder(load_model_dir(Path(model_dir)), graphs="stages")
+    _encoder = Encoder(load_model_dir(Path(model_dir)), graphs="stages", engine=engine)
 
 
 def _run(work: Work[T], block: list[str]) -> T:

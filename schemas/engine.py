@@ -1,0 +1,54 @@
+"""Which inference engine runs a model directory's graphs, and at what precision.
+
+The same ONNX files run under ONNX Runtime (integer kernels: fastest for the INT8
+presets without matrix units) or OpenVINO (reads the same files; runs an FP32 graph in
+bf16 on AMX or AVX512-BF16 hosts). Precision is the arithmetic of the graph's float
+parts: ``fp32`` as exported, ``bf16`` on the host's bf16 units. An engine changes the
+numbers the cheap stages see, so a calibration names the engine it was made with.
+
+>>> Engine(backend=Backend.OPENVINO, precision=Precision.BF16).name
+'openvino/bf16'
+>>> Engine.parse("onnxruntime/fp32") == Engine()
+True
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class Backend(StrEnum):
+    ONNXRUNTIME = "onnxruntime"
+    OPENVINO = "openvino"
+
+
+class Precision(StrEnum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+
+
+class Engine(BaseModel):
+    """A resolved engine: what actually runs the graphs (never ``auto``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Backend = Backend.ONNXRUNTIME
+    precision: Precision = Precision.FP32
+
+    @model_validator(mode="after")
+    def _runnable(self) -> Engine:
+        if self.backend is Backend.ONNXRUNTIME and self.precision is Precision.BF16:
+            # ONNX Runtime's CPU provider has no bf16 kernels for these graphs.
+            raise ValueError("bf16 runs on the openvino backend only")
+        return self
+
+    @property
+    def name(self) -> str:
+        return f"{self.backend.value}/{self.precision.value}"
+
+    @classmethod
+    def parse(cls, name: str) -> Engine:
+        backend, _, precision = name.partition("/")
+        return cls(backend=Backend(backend), precision=Precision(precision or "fp32"))
