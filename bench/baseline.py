@@ -1,7 +1,8 @@
 """kascade against the consumer a user would write first, on the same long documents.
 
 The naive baseline: one consumer loop, a Hugging Face ``transformers`` classifier on
-PyTorch FP32, batches of 32, truncation at the model's positions (512 for
+PyTorch FP32 (``--bf16``: the one-line ``torch.autocast`` to bf16, which uses AMX where
+the host has it), batches of 32, truncation at the model's positions (512 for
 BERT-style encoders, 8192 for mmBERT), results produced back to Kafka. kascade: ``kascade
 run`` with its defaults (256-token chunks, the quantized model, its cascade if calibrated,
 two worker processes). Both are timed from start to the last result, model loading
@@ -45,7 +46,13 @@ from bench.flow import (
 
 
 def naive_consumer(
-    k: KafkaSettings, checkpoint: Path, expect: int, batch: int = 32, *, windows: bool = False
+    k: KafkaSettings,
+    checkpoint: Path,
+    expect: int,
+    batch: int = 32,
+    *,
+    windows: bool = False,
+    bf16: bool = False,
 ) -> tuple[float, float, int]:
     """What a first version looks like: PyTorch FP32, padded batches of ``batch``, each
     document truncated at the model's positions, or (``windows``) read whole in windows of
@@ -89,11 +96,12 @@ def naive_consumer(
                 return_tensors="pt",
             )
             owner = enc.pop("overflow_to_sample_mapping", torch.arange(len(pending)))
-            with torch.no_grad():
+            with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
                 probs = torch.cat(
                     [
                         torch.softmax(
-                            model(**{n: t[s : s + batch] for n, t in enc.items()}).logits, -1
+                            model(**{n: t[s : s + batch] for n, t in enc.items()}).logits.float(),
+                            -1,
                         )
                         for s in range(0, len(owner), batch)
                     ]
@@ -132,9 +140,10 @@ def random_init_checkpoint(fp32: Path, out: Path) -> Path:
     return out
 
 
-def kascade_job(k: KafkaSettings, model: Path, workers: int) -> float:
+def kascade_job(k: KafkaSettings, model: Path, workers: int, *extra: str) -> float:
     t0 = time.perf_counter()
-    subprocess.run(kascade_run_command(k, model, "--workers", str(workers)), check=True)
+    command = kascade_run_command(k, model, "--workers", str(workers), *extra)
+    subprocess.run(command, check=True)
     return time.perf_counter() - t0
 
 
@@ -155,6 +164,10 @@ def main() -> None:
         action="store_true",
         help="the naive job reads whole documents in windows of the model's positions",
     )
+    p.add_argument("--bf16", action="store_true", help="the naive job with bf16 autocast")
+    p.add_argument(
+        "--run-args", default="", help="more kascade run flags, e.g. '--cascade.mode off'"
+    )
     p.add_argument("--brokers")
     p.add_argument("--json", type=Path)
     args = p.parse_args()
@@ -168,11 +181,13 @@ def main() -> None:
         ckpt = args.checkpoint or random_init_checkpoint(args.fp32, Path(tmp) / "checkpoint")
         k1 = fresh_topics(brokers)
         send(k1, docs)
-        naive_s, _, truncation = naive_consumer(k1, ckpt, len(docs), windows=args.windows)
+        naive_s, _, truncation = naive_consumer(
+            k1, ckpt, len(docs), windows=args.windows, bf16=args.bf16
+        )
         naive_latency = latency_percentiles(k1)
     k2 = fresh_topics(brokers)
     send(k2, docs)
-    kascade_s = kascade_job(k2, args.kascade_model, args.workers)
+    kascade_s = kascade_job(k2, args.kascade_model, args.workers, *args.run_args.split())
     kascade_latency = latency_percentiles(k2)
     result = {
         "documents": len(docs),
@@ -180,6 +195,8 @@ def main() -> None:
         "tokens_per_doc_median": float(np.median(tokens)),
         "naive_truncation": truncation,
         "naive_windows": args.windows,
+        "naive_bf16": args.bf16,
+        "kascade_run_args": args.run_args,
         "naive_s": naive_s,
         "kascade_s": kascade_s,
         "naive_docs_per_s": len(docs) / naive_s,

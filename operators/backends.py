@@ -125,16 +125,32 @@ def runs_here(engine: Engine) -> bool:
     return bool(capabilities) and (engine.precision is Precision.FP32 or "BF16" in capabilities)
 
 
+def searched(manifest: ModelManifest) -> Engine | None:
+    """The engine ``kascade quantize --min-agreement/--max-f1-drop`` chose the variant
+    with (``None``: a preset, no search)."""
+    name = manifest.measured.get("engine")
+    if name is None:
+        return None
+    try:
+        return Engine.parse(str(name))
+    except ValueError:
+        raise UsageError(
+            f"the model manifest names an unknown engine {str(name)[:40]!r} under measured"
+        ) from None
+
+
 def resolve(
     settings: EncoderSettings, manifest: ModelManifest, certified: Engine | None = None
 ) -> Engine:
     """The engine a run uses: the settings' choice, with ``auto`` decided by the graph
-    and the host (see the module docstring), or, where the cascade was ``certified``
-    with an engine this host runs, that one. An explicit choice the host cannot honour
-    is a usage error, never a silent substitute."""
-    automatic = settings.backend == "auto" and settings.precision == "auto"
-    if automatic and certified is not None and runs_here(certified):
-        return certified
+    and the host (see the module docstring); but where the cascade was ``certified``
+    with an engine this host runs, that one, and otherwise the engine ``kascade
+    quantize``'s search chose the model's variant with, where this host runs it. An
+    explicit choice the host cannot honour is a usage error, never a silent substitute."""
+    if settings.backend == "auto" and settings.precision == "auto":
+        for known in (certified, searched(manifest)):
+            if known is not None and runs_here(known):
+                return known
     bf16_host = "BF16" in host_capabilities()
     backend = settings.backend
     if backend == "auto":

@@ -52,3 +52,11 @@ class Engine(BaseModel):
     def parse(cls, name: str) -> Engine:
         backend, _, precision = name.partition("/")
         return cls(backend=Backend(backend), precision=Precision(precision or "fp32"))
+
+
+# Every engine kascade can run, ONNX Runtime (the reference arithmetic) first.
+ENGINES = (
+    Engine(),
+    Engine(backend=Backend.OPENVINO, precision=Precision.FP32),
+    Engine(backend=Backend.OPENVINO, precision=Precision.BF16),
+)

@@ -201,3 +201,16 @@ def test_calibrating_with_an_engine_records_it_and_a_run_under_auto_takes_it_up(
     assert spec.engine == OV_FP32
     got = prepare(Settings(model_dir=d, chunking=SMALL_CHUNKS.model_dump(), cascade={"mode": "on"}))
     assert (got.cascade, got.engine) == (CascadeUse.ON, OV_FP32)
+
+
+def test_auto_takes_the_engine_the_quantization_search_chose_for_the_variant(
+    host,  # type: ignore[no-untyped-def]
+) -> None:
+    host(AMX)
+    # a float graph whose search found ONNX Runtime within the budget and bf16 outside it
+    chosen = manifest().model_copy(update={"measured": {"engine": "onnxruntime/fp32"}})
+    assert backends.resolve(EncoderSettings(), chosen) == ORT
+    assert backends.resolve(EncoderSettings(precision="bf16"), chosen) == OV_BF16
+    broken = manifest().model_copy(update={"measured": {"engine": "tensorrt/fp8"}})
+    with pytest.raises(UsageError, match="unknown engine 'tensorrt/fp8'"):
+        backends.resolve(EncoderSettings(), broken)

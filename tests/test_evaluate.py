@@ -50,6 +50,24 @@ def test_evaluate_reports_accuracy_agreement_and_deltas_against_the_reference(
     assert q_row.ms_per_chunk > 0
 
 
+def test_evaluate_runs_each_model_under_each_engine_against_the_onnxruntime_reference(
+    exported: dict[str, Path],
+) -> None:
+    from kascade.operators import backends
+    from kascade.schemas.engine import ENGINES
+
+    here = tuple(e for e in ENGINES if backends.runs_here(e))
+    if len(here) == 1:
+        pytest.skip("only ONNX Runtime runs on this host (OpenVINO missing)")
+    ref_dir = exported["bert"]
+    rows = evaluate([], Examples(CORPUS, None), reference=ref_dir, memory=False, engines=here)
+    assert [r.engine for r in rows] == [e.name for e in here]
+    by = {r.engine: r for r in rows}
+    assert by["onnxruntime/fp32"].agreement == 1.0
+    # the same graph under OpenVINO in FP32: the same labels on every text
+    assert by["openvino/fp32"].agreement == 1.0
+
+
 def test_evaluate_rejects_labels_the_model_does_not_know(exported: dict[str, Path]) -> None:
     with pytest.raises(UsageError, match="not known to the model: weather"):
         evaluate([], Examples(["x"], ["weather"]), reference=exported["bert"], memory=False)

@@ -17,7 +17,7 @@ from kascade.toolchain.quantize import (
     quantize_dir,
     weight_matmuls,
 )
-from kascade.toolchain.search import Budget, search
+from kascade.toolchain.search import Budget, bf16_engines, search
 from tiny_models import CORPUS, LABELS
 
 from kascade.errors import UsageError
@@ -119,14 +119,20 @@ def test_the_budgeted_search_keeps_a_variant_that_meets_the_budget(
         refine=1,
         sensitivity_sample=16,
     )
-    chosen_rows = [c for c in result.table if c.variant == result.chosen.name]
+    chosen_rows = [
+        c for c in result.table if (c.variant, c.engine) == (result.chosen.name, result.engine.name)
+    ]
     assert chosen_rows and chosen_rows[0].meets
     assert all(c.meets == (c.agreement >= 0.99) for c in result.table)
     assert result.manifest.measured["chosen"] == result.chosen.name
-    # Re-measured from the written directory, the budget still holds.
+    assert result.manifest.measured["engine"] == result.engine.name
+    # The float-MatMul variants under bf16 too, where the host runs it; nothing else.
+    bf16 = {c.variant for c in result.table if c.engine.endswith("/bf16")}
+    assert bf16 == ({"fp32", "int4emb"} if bf16_engines() else set())
+    # Re-measured from the written directory with the chosen engine, the budget holds.
     seqs = tokenize(exported["modernbert"], data.texts)
     ref = run(exported["modernbert"], seqs).predictions
-    got = run(tmp_path / "chosen", seqs).predictions
+    got = run(tmp_path / "chosen", seqs, engine=result.engine).predictions
     assert (ref == got).mean() >= 0.99
     faster = [c for c in result.table if c.meets and c.ms_per_chunk < chosen_rows[0].ms_per_chunk]
     assert faster == []

@@ -146,9 +146,21 @@ def _cmd_quantize(args: argparse.Namespace) -> int:
     _print_table(
         f"candidates on {len(data)} calibration texts; budget: {budget.describe()}",
         rows,
-        ["variant", "agreement", "f1_delta", "ms_per_chunk", "speedup", "size_mb", "meets"],
+        [
+            "variant",
+            "engine",
+            "agreement",
+            "f1_delta",
+            "ms_per_chunk",
+            "speedup",
+            "size_mb",
+            "meets",
+        ],
     )
-    print(f"chose {result.chosen.name}; wrote {args.out}")
+    print(
+        f"chose {result.chosen.name} run by {result.engine.name}; wrote {args.out}"
+        " (kascade run's --encoder.backend auto picks that engine for it on this host)"
+    )
     return 0
 
 
@@ -160,13 +172,20 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
     reference = args.reference or args.models[0]
     rows = [
         r.as_dict()
-        for r in evaluate(args.models, data, reference=reference, memory=not args.no_memory)
+        for r in evaluate(
+            args.models,
+            data,
+            reference=reference,
+            memory=not args.no_memory,
+            engines=_engines(args.engines),
+        )
     ]
     _print_table(
         f"{len(data)} examples from {args.data}; reference {reference}",
         rows,
         [
             "variant",
+            "engine",
             "size_mb",
             "macro_f1",
             "accuracy",
@@ -182,6 +201,25 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
             args.json, json.dumps({"data": str(args.data), "rows": rows}, indent=2) + "\n"
         )
     return 0
+
+
+def _engines(given: str) -> tuple[Engine, ...]:
+    """``--engines``: names (``openvino/bf16``), or ``all`` for every engine this host runs."""
+    from kascade.operators import backends
+
+    if given == "all":
+        everything = [
+            Engine.parse(n) for n in ("onnxruntime/fp32", "openvino/fp32", "openvino/bf16")
+        ]
+        return tuple(e for e in everything if backends.runs_here(e))
+    try:
+        engines = tuple(Engine.parse(n.strip()) for n in given.split(",") if n.strip())
+    except ValueError as e:
+        raise UsageError(f"--engines {given}: {str(e).splitlines()[-1]}") from None
+    unable = [e.name for e in engines if not backends.runs_here(e)]
+    if unable:
+        raise UsageError(f"--engines: this host cannot run {', '.join(unable)}")
+    return engines
 
 
 UNDETERMINED = "und"
@@ -427,6 +465,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--reference", type=Path, help="FP32 directory (default: the first model)")
     p.add_argument("--json", type=Path, help="also write the table as JSON")
     p.add_argument("--no-memory", action="store_true", help="skip the peak-RSS probe")
+    p.add_argument(
+        "--engines",
+        default="onnxruntime/fp32",
+        help="comma-separated engines to run each model with (onnxruntime/fp32,"
+        " openvino/fp32, openvino/bf16), or all: every one this host runs; agreement is"
+        " always against the reference under onnxruntime/fp32 (default: onnxruntime/fp32)",
+    )
     _data_flags(p, labels_required=True)
     p.set_defaults(func=_cmd_evaluate)
 

@@ -1,8 +1,9 @@
 """Quality and cost of model variants on a labeled set, side by side with a reference.
 
-For each variant: macro-F1 and accuracy, the F1 change and the argmax agreement against
-the reference (the FP32 export), median ms per chunk on one thread, file size and the
-peak memory of a process that loads it and classifies one 256-token chunk.
+For each variant and engine: macro-F1 and accuracy, the F1 change and the argmax
+agreement against the reference (the FP32 export under ONNX Runtime), median ms per
+chunk on one thread, file size and the peak memory of a process that loads it and
+classifies one 256-token chunk.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+from kascade.schemas.engine import Engine
 from kascade.schemas.manifest import read_manifest
 from kascade.toolchain.data import Examples
 from kascade.toolchain.measure import Run, peak_rss_mb, run, size_mb, tokenize
@@ -21,6 +23,7 @@ from kascade.errors import UsageError
 @dataclass(frozen=True)
 class Row:
     variant: str
+    engine: str
     directory: str
     size_mb: float
     macro_f1: float | None
@@ -74,9 +77,15 @@ def score(
 
 
 def evaluate(
-    directories: list[Path], data: Examples, *, reference: Path, memory: bool = True
+    directories: list[Path],
+    data: Examples,
+    *,
+    reference: Path,
+    memory: bool = True,
+    engines: tuple[Engine, ...] = (Engine(),),
 ) -> list[Row]:
-    """One row per directory; the reference (usually the FP32 export) comes first."""
+    """One row per directory and engine; the reference (usually the FP32 export, under
+    ONNX Runtime in FP32) comes first."""
     ref_manifest, _ = read_manifest(reference)
     labels = ref_manifest.labels
     if data.labels is not None:
@@ -95,14 +104,17 @@ def evaluate(
         manifest, _ = read_manifest(d)
         if manifest.labels != labels:
             raise UsageError(f"{d} has different labels than the reference {reference}")
-        result = ref_run if d == reference else run(d, seqs)
-        rows.append(
-            Row(
-                variant=manifest.variant,
-                directory=str(d),
-                size_mb=size_mb(d),
-                peak_rss_mb=peak_rss_mb(d) if memory else None,
-                **score(result, ref_run, labels, data.labels, ref_f1),
+        for engine in engines:
+            reused = d == reference and engine == Engine()
+            result = ref_run if reused else run(d, seqs, engine=engine)
+            rows.append(
+                Row(
+                    variant=manifest.variant,
+                    engine=engine.name,
+                    directory=str(d),
+                    size_mb=size_mb(d),
+                    peak_rss_mb=peak_rss_mb(d, engine=engine) if memory else None,
+                    **score(result, ref_run, labels, data.labels, ref_f1),
+                )
             )
-        )
     return rows

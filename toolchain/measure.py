@@ -86,7 +86,11 @@ def size_mb(directory: Path) -> float:
 
 
 def peak_rss_mb(
-    directory: Path, tokens: int = 256, threads: int = 1, graphs: Graphs = "full"
+    directory: Path,
+    tokens: int = 256,
+    threads: int = 1,
+    graphs: Graphs = "full",
+    engine: Engine | None = None,
 ) -> float:
     """Peak RSS of a fresh process that loads the graphs a worker loads (the full graph,
     or the cascade's stages) and classifies one chunk."""
@@ -99,6 +103,7 @@ def peak_rss_mb(
             str(tokens),
             str(threads),
             graphs,
+            (engine or Engine()).name,
         ],
         capture_output=True,
         text=True,
@@ -108,9 +113,9 @@ def peak_rss_mb(
     return float(json.loads(out.stdout.strip().splitlines()[-1])["peak_rss_mb"])
 
 
-def _probe(directory: str, tokens: int, threads: int, graphs: Graphs) -> None:
+def _probe(directory: str, tokens: int, threads: int, graphs: Graphs, engine: str) -> None:
     loaded = load_model_dir(directory)
-    encoder = Encoder(loaded, threads=threads, graphs=graphs)
+    encoder = Encoder(loaded, threads=threads, graphs=graphs, engine=Engine.parse(engine))
     vocab = loaded.tokenizer.get_vocab_size()
     n = min(tokens, loaded.manifest.max_length)
     ids = np.random.default_rng(0).integers(3, vocab, size=n).astype(np.int64)
@@ -132,4 +137,4 @@ def _peak_rss_mb() -> float:
 
 
 if __name__ == "__main__":
-    _probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])  # type: ignore[arg-type]
+    _probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])  # type: ignore[arg-type]

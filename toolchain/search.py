@@ -6,6 +6,11 @@ one thread. When the fastest recipes miss the budget, their MatMuls are ranked b
 much quantizing each one alone moves the logits, and the most sensitive are kept in
 FP32, a few more at a time, until the budget holds or the variant is no faster than
 one that already meets it.
+
+Variants whose MatMuls stay float (``fp32``, ``int4emb``) are also measured under
+OpenVINO in bf16 where the host has bf16 units: on AMX hosts that beats every INT8
+recipe under ONNX Runtime (docs/BENCHMARKS.md), so the winner is a variant and an
+engine, and ``kascade run``'s ``auto`` picks the same engine for it.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from kascade.operators import backends
+from kascade.schemas.engine import ENGINES, Backend, Engine, Precision
 from kascade.schemas.manifest import FULL_GRAPH, ModelManifest, read_manifest
 from kascade.toolchain.data import Examples
 from kascade.toolchain.evaluate import macro_f1, score
@@ -70,6 +77,7 @@ class Budget:
 @dataclass(frozen=True)
 class Candidate:
     variant: str
+    engine: str
     agreement: float
     f1_delta: float | None
     macro_f1: float | None
@@ -85,6 +93,7 @@ class Candidate:
 @dataclass(frozen=True)
 class SearchResult:
     chosen: Recipe
+    engine: Engine
     table: list[Candidate]
     manifest: ModelManifest
 
@@ -107,10 +116,11 @@ class _Bench:
         )
         self.recipes: dict[str, Recipe] = {}
 
-    def row(self, name: str, result: Run, size: float) -> Candidate:
+    def row(self, name: str, engine: Engine, result: Run, size: float) -> Candidate:
         s = score(result, self.ref, self.labels, self.truth, self.ref_f1)
         partial = Candidate(
             variant=name,
+            engine=engine.name,
             agreement=s["agreement"],
             f1_delta=s["f1_delta"],
             macro_f1=s["macro_f1"],
@@ -121,13 +131,19 @@ class _Bench:
         )
         return Candidate(**(asdict(partial) | {"meets": self.budget.met(partial)}))
 
-    def measure(self, recipe: Recipe) -> Candidate:
+    def measure(self, recipe: Recipe, engine: Engine | None = None) -> Candidate:
+        engine = engine or Engine()
         self.recipes[recipe.name] = recipe
         if recipe.name == "fp32":
-            return self.row("fp32", self.ref, size_mb(self.fp32))
+            result = self.ref if engine == Engine() else self._run(self.fp32 / FULL_GRAPH, engine)
+            return self.row("fp32", engine, result, size_mb(self.fp32))
         path = self.work / f"{recipe.name}.onnx"
-        quantize_graph(self.fp32 / FULL_GRAPH, path, recipe)
-        return self.row(recipe.name, run_graph(path, self.seqs), path.stat().st_size / 1e6)
+        if not path.exists():
+            quantize_graph(self.fp32 / FULL_GRAPH, path, recipe)
+        return self.row(recipe.name, engine, self._run(path, engine), path.stat().st_size / 1e6)
+
+    def _run(self, path: Path, engine: Engine) -> Run:
+        return run_graph(path, self.seqs, engine=engine)
 
     def sensitivity(self, base: Recipe, sample: int) -> list[str]:
         """Weight MatMuls, most sensitive first: mean |logit change| when quantized alone."""
@@ -177,15 +193,23 @@ def search(
         for name in tqdm(candidates, desc="candidates"):
             table.append(bench.measure(PRESETS[name]))
             log.info("%s", table[-1])
+        floats = [n for n in ("fp32", *candidates) if PRESETS[n].matmul == "fp32"]
+        for engine in bf16_engines():
+            for name in floats:
+                table.append(bench.measure(PRESETS[name], engine))
+                log.info("%s", table[-1])
 
         def best_passing() -> Candidate:
             return min((c for c in table if c.meets), key=lambda c: c.ms_per_chunk)
 
+        # Refinement keeps MatMuls in FP32 under ONNX Runtime, whose integer kernels
+        # are the ones a partly quantized graph runs on.
+        ort_rows = [c for c in table if c.engine == Engine().name]
         failing = sorted(
-            (c for c in table if not c.meets and c.ms_per_chunk < best_passing().ms_per_chunk),
+            (c for c in ort_rows if not c.meets and c.ms_per_chunk < best_passing().ms_per_chunk),
             key=lambda c: c.ms_per_chunk,
         )
-        by_name = {c.variant: c for c in table}
+        by_name = {c.variant: c for c in ort_rows}
         refined = 0
         for cand in failing:
             base = PRESETS[cand.variant]
@@ -201,12 +225,22 @@ def search(
                 table.append(row)
                 if row.meets or row.ms_per_chunk >= best_passing().ms_per_chunk:
                     break
-        chosen = bench.recipes[best_passing().variant]
+        best = best_passing()
+        chosen, engine = bench.recipes[best.variant], Engine.parse(best.engine)
         measured = {
             "budget": budget.describe(),
             "calibration_examples": len(data),
             "search": [c.as_dict() for c in table],
             "chosen": chosen.name,
+            "engine": engine.name,
         }
         manifest = quantize_dir(fp32, out, chosen, measured=measured)
-    return SearchResult(chosen, table, manifest)
+    return SearchResult(chosen, engine, table, manifest)
+
+
+def bf16_engines() -> list[Engine]:
+    """The bf16 engines this host runs (none without OpenVINO or bf16 units)."""
+    return [
+        e for e in ENGINES
+        if e.backend is Backend.OPENVINO and e.precision is Precision.BF16 and backends.runs_here(e)
+    ]  # fmt: skip
