@@ -103,7 +103,7 @@ def test_a_run_with_other_chunking_refuses_the_cascade_in_one_line(calibrated: P
     assert r.returncode == 2
     assert r.stderr.strip().splitlines() == [
         "kascade: the cascade was certified on 64-token chunks with overlap 8; this run makes"
-        " 96-token chunks with overlap 8: run with those chunking settings, run kascade"
+        " 96-token chunks with overlap 8: run with the certified settings, run kascade"
         " calibrate again, or set cascade.if_uncertified=full_model to classify every chunk"
         " with the full model"
     ]
