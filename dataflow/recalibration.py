@@ -56,7 +56,7 @@ class Recalibration:
             self._refuse(sha, str(e))
             return None
         if prepared.in_force is None or prepared.in_force.sha256 != sha:
-            self._refuse(sha, "it is not certified for this run's chunking")
+            self._refuse(sha, "it is not certified for this run's chunking and engine")
             return None
         self.in_force = sha
         return prepared
