@@ -23,11 +23,14 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
-from kascade.operators.cascade import Cascade, CascadeLogic, Verdict, cheap_stages
+
+from kascade.operators.calibration import Cascade
+from kascade.operators.cascade import CascadeLogic
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir, softmax
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
 from kascade.operators.reduce import ChunkVerdict, aggregate
+from kascade.operators.verdicts import Verdict, cheap_stages
 from kascade.schemas import Aggregation
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.settings import ChunkSettings

@@ -18,13 +18,13 @@ from collections.abc import Callable
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+
+from bench.env import environment
 from kascade.dataflow.local_broker import ensure_local_registry, free_port
 from kascade.operators.formats import Reader, Writer
 from kascade.operators.items import Envelope
 from kascade.schemas import ChunkCounts, ModelIdentity, OutputRecord
 from kascade.schemas.events import InputSettings, OutputSettings, RegistrySettings
-
-from bench.env import environment
 
 TICKET = {
     "type": "record",
@@ -94,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     local = None if args.registry else ensure_local_registry(free_port())
     try:
-        results = measure(args.registry or local.url)  # type: ignore[union-attr]
+        results = measure(args.registry if local is None else local.url)
     finally:
         if local is not None:
             local.stop()

@@ -25,14 +25,15 @@ import random
 from pathlib import Path
 
 import numpy as np
-from kascade.operators.cascade import Cascade, cheap_stages
+
+from bench.long_docs import _rows, boilerplate
+from kascade.operators.calibration import Cascade
 from kascade.operators.chunking import SpecialTokens, chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.operators.guarantee import BoundTest
 from kascade.operators.items import ChunkTask, DocMeta
+from kascade.operators.verdicts import cheap_stages
 from kascade.schemas.files import write_text_atomically
-
-from bench.long_docs import _rows, boilerplate
 
 
 def audits(model_dir: Path, texts: list[str]) -> list[list[bool]]:

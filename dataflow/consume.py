@@ -7,7 +7,8 @@ import time
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from kascade.dataflow.kafka_io import client_config
+
+from kascade.dataflow.kafka_io import client_config, headers_of
 from kascade.operators.items import Outgoing
 from kascade.schemas.settings import KafkaSettings
 
@@ -49,7 +50,7 @@ def read_records(
         parts = list(meta.topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, 0) for p in parts])
         out: list[Outgoing] = []
-        at_end: set[int] = set()
+        at_end: set[int | None] = set()  # partitions at their end (EOF events name one)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if expect is None and len(at_end) == len(parts):
@@ -66,7 +67,8 @@ def read_records(
                     continue
                 raise KafkaException(err)
             at_end.discard(msg.partition())
-            out.append(Outgoing(msg.key(), msg.value(), msg.headers() or []))
+            # kascade writes no tombstones; an empty value reads as empty bytes
+            out.append(Outgoing(msg.key(), msg.value() or b"", headers_of(msg)))
         return out
     finally:
         consumer.close()

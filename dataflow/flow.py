@@ -13,10 +13,13 @@ from pathlib import PurePosixPath, PureWindowsPath
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError
 from bytewax.dataflow import Dataflow, Stream
+
 from kascade.dataflow.exactly_once import TransactionalSink, route
 from kascade.dataflow.kafka_io import DeliveryCheckedSink, source
+from kascade.errors import UsageError
 from kascade.operators import backends, guarantee, metrics
-from kascade.operators.cascade import Cascade, cascade
+from kascade.operators.calibration import Cascade
+from kascade.operators.cascade import cascade
 from kascade.operators.chunking import chunk
 from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.formats import Reader, Writer
@@ -25,6 +28,7 @@ from kascade.operators.guarantee import Guard, Shared, Watch
 from kascade.operators.items import ChunkResult, Outgoing
 from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
+from kascade.operators.streams import by_class
 from kascade.operators.validate import Received, kafka_errors, validate
 from kascade.schemas import CascadeUse, DeadLetter, ModelIdentity
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, StopRule
@@ -32,8 +36,6 @@ from kascade.schemas.engine import Engine
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.quarantine import Coordinates, Quarantine
 from kascade.schemas.settings import Delivery, Settings
-
-from kascade.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +51,18 @@ def condemned(settings: Settings) -> dict[Coordinates, str]:
 def ingest(flow: Dataflow, settings: Settings) -> tuple[Stream[Received], Stream[DeadLetter]]:
     """Kafka input decoded into documents, plus dead letters for what could not be read."""
     raw = op.input("kafka_in", flow, source(settings.kafka, [settings.kafka.input_topic]))
-    split = op.branch("kafka_ok", raw, lambda m: not isinstance(m, KafkaError))
+    consumer_failed, read = by_class("kafka_ok", raw, KafkaError)
     reader = Reader(
         settings.input, settings.registry, keep_event=settings.output.shape == "enriched"
     )
     checked = validate(
         "validate",
-        split.trues,
+        read,
         max_bytes=settings.max_text_bytes,
         condemned=condemned(settings),
         reader=reader,
     )
-    consumer_errors = kafka_errors("kafka_errors", split.falses)  # type: ignore[arg-type]
+    consumer_errors = kafka_errors("kafka_errors", consumer_failed)
     return checked.docs, op.merge("dead", checked.dead, consumer_errors)
 
 
@@ -302,8 +304,10 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
         op.inspect("audit_agreement", audits.trues, _record_audit)
         results = op.merge("results", cheap.settled, audits.falses)
     else:
-        spread = op.redistribute("spread", chunked.chunks)
-        results = classify("classify", spread, model.directory, settings.encoder, prepared.engine)
+        everything = op.redistribute("spread", chunked.chunks)
+        results = classify(
+            "classify", everything, model.directory, settings.encoder, prepared.engine
+        )
     records = assemble("assemble", results, chunked.empty, labeling)
     limit = settings.kafka.record_limit()
     writer = Writer(settings.output, settings.registry, settings.kafka.output_topic)
@@ -312,10 +316,6 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
         records,
         lambda r: output_value(r, writer, max_bytes=limit, stage="serialize"),
     )
-    sendable = op.branch("sendable", serialized, lambda x: not isinstance(x, DeadLetter))
-    deliver(
-        sendable.trues,  # type: ignore[arg-type]
-        op.merge("all_dead", dead, chunked.dead, sendable.falses, *late_dead),  # type: ignore[arg-type]
-        settings,
-    )
+    unsendable, sendable = by_class("sendable", serialized, DeadLetter)
+    deliver(sendable, op.merge("all_dead", dead, chunked.dead, unsendable, *late_dead), settings)
     return flow

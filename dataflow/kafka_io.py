@@ -31,12 +31,12 @@ from confluent_kafka import (
     Producer,
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+
 from kascade.dataflow.health import LINK, FoldConnectionErrors, means_unreachable
 from kascade.dataflow.supervisor import announce_joined
+from kascade.errors import KascadeError, UsageError
 from kascade.operators.items import Outgoing
 from kascade.schemas.settings import KafkaSettings, is_secret
-
-from kascade.errors import KascadeError, UsageError
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines, routed into Python logging instead of raw stderr; its
@@ -55,6 +55,13 @@ _FLUSH_SLICE_S = 5.0
 def client_config(settings: KafkaSettings) -> dict[str, Any]:
     """librdkafka settings for any client this process creates, logging through Python."""
     return settings.client_config() | {"logger": rdkafka_log}
+
+
+def headers_of(msg: Message) -> list[tuple[str, bytes | None]]:
+    """A consumed message's headers as kascade carries them: pairs, in order ([] for none)."""
+    raw = msg.headers() or []
+    pairs = raw.items() if isinstance(raw, dict) else raw  # a dict only on the produce side
+    return [(k, v.encode() if isinstance(v, str) else v) for k, v in pairs]
 
 
 def _startup_config(settings: KafkaSettings) -> dict[str, Any]:
@@ -258,7 +265,7 @@ def source(settings: KafkaSettings, topics: list[str]) -> ByteBudgetSource:
 SourceItem = KafkaSourceMessage | KafkaSourceError
 
 
-def _offset(item: SourceItem) -> int:
+def _offset(item: SourceItem) -> int | None:
     return item.msg.offset if isinstance(item, KafkaSourceError) else item.offset
 
 
@@ -366,11 +373,14 @@ class _DeliveryCheckedPartition(StatelessSinkPartition[Outgoing]):
     def write_batch(self, items: list[Outgoing]) -> None:
         self._raise_if_failed()
         for item in items:
-            self._written.add(item.topic or str(self._topic))
+            topic = item.topic or self._topic
+            if topic is None:
+                raise ValueError("a record without a topic for a sink without a default one")
+            self._written.add(topic)
             while True:
                 try:
                     self._producer.produce(
-                        item.topic or self._topic,
+                        topic,
                         value=item.value,
                         key=item.key,
                         headers=list(item.headers) or None,

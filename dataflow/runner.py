@@ -19,20 +19,21 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
+from types import FrameType
 
 from bytewax.dataflow import Dataflow
 from bytewax.errors import BytewaxRuntimeError
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
+
 from kascade.dataflow import supervisor
 from kascade.dataflow.exactly_once import record_start
 from kascade.dataflow.kafka_io import DRAIN, accepted_record_bytes, check_cluster
 from kascade.dataflow.supervisor import supervise
+from kascade.logs import LIFECYCLE_LOGGER
 from kascade.operators import metrics
 from kascade.operators.registry import check_registry
 from kascade.schemas.settings import Delivery, Settings
-
-from kascade.logs import LIFECYCLE_LOGGER
 
 log = logging.getLogger(__name__)
 # What a job runs and what it did: said even at the default level (kascade.logs).
@@ -102,7 +103,7 @@ def run_process(
     # second signal stops at once (what followed the last snapshot is read again).
     stopped = threading.Event()
 
-    def interrupt(signum: int, frame: object) -> None:
+    def interrupt(signum: int, frame: FrameType | None) -> None:
         if DRAIN.is_set():
             stopped.set()
             signal.default_int_handler(signum, frame)

@@ -29,15 +29,21 @@ from typing import Any
 
 from bytewax.connectors.kafka import KafkaSourceMessage
 from confluent_kafka import Consumer, TopicPartition
-from kascade.dataflow.kafka_io import DENIED, check_cluster, client_config, not_authorized
+
+from kascade.dataflow.kafka_io import (
+    DENIED,
+    check_cluster,
+    client_config,
+    headers_of,
+    not_authorized,
+)
+from kascade.errors import KascadeError
 from kascade.operators.formats import Reader
 from kascade.operators.registry import check_registry
 from kascade.operators.validate import Received, check
 from kascade.schemas import DeadLetter
 from kascade.schemas.files import atomic_writer
 from kascade.schemas.settings import KafkaSettings, Settings
-
-from kascade.errors import KascadeError
 
 # Records read per record wanted: room for dead letters and for balancing languages.
 OVERREAD = 4
@@ -166,15 +172,16 @@ def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -
             for p, wanted in sorted(chosen.items()):
                 first, last = min(wanted), max(wanted)
                 for msg in _read(consumer, k, p, first, last + 1, batch, timeout_s):
-                    got = decoded(msg) if msg.offset in wanted else None
-                    if not isinstance(got, Received):
+                    again = decoded(msg) if msg.offset in wanted else None
+                    if not isinstance(again, Received):
                         continue  # not chosen (or, read again, no longer what it was)
-                    row = {"text": got.doc.text} | ({"lang": got.doc.lang} if got.doc.lang else {})
+                    doc = again.doc
+                    row = {"text": doc.text} | ({"lang": doc.lang} if doc.lang else {})
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
                     report.taken += 1
                     report.by_partition[p] += 1
-                    if got.doc.lang:
-                        report.by_language[got.doc.lang] += 1
+                    if doc.lang:
+                        report.by_language[doc.lang] += 1
     finally:
         consumer.close()
     return report
@@ -206,14 +213,15 @@ def _read(
                 if error.code() in DENIED:  # may describe the topic, may not read it
                     raise not_authorized(k, [k.input_topic], "read")
                 continue
+            offset = m.offset()
             yield KafkaSourceMessage(
                 key=m.key(),
                 value=m.value(),
                 topic=m.topic(),
-                headers=list(m.headers() or []),
-                offset=m.offset(),
+                headers=[(k, v or b"") for k, v in headers_of(m)],  # Bytewax's type
+                offset=offset,
                 partition=m.partition(),
                 timestamp=m.timestamp(),
             )
-            if m.offset() >= end - 1:
+            if offset is not None and offset >= end - 1:
                 return

@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from kascade.dataflow.health import LINK
-from kascade.operators.items import Outgoing
 
+from kascade.dataflow.health import LINK
 from kascade.errors import KascadeError
+from kascade.operators.items import Outgoing
 
 log = logging.getLogger(__name__)
 
@@ -165,6 +165,8 @@ class Committer:
         self._producer.poll(0)
 
     def _send_one(self, item: Outgoing) -> None:
+        # The flow addresses each record it hands this producer (output or dead letters).
+        assert item.topic is not None, "a record for the exactly-once producer names its topic"
         while True:
             try:
                 self._producer.produce(

@@ -20,7 +20,7 @@ from typing import NoReturn
 from kascade import __version__, demo, logs
 from kascade.dataflow import commands as runtime
 from kascade.errors import KascadeError, UsageError, kascade_error_in
-from kascade.logs import FORMATS, LEVELS, LogConfig
+from kascade.logs import FORMATS, LEVELS, Level, LogConfig
 from kascade.toolchain import commands as toolchain
 
 # Modules only the [export] extra installs; importing one is how a toolchain command
@@ -73,7 +73,7 @@ def log_config(args: argparse.Namespace) -> LogConfig:
     >>> log_config(build_parser().parse_args(["topics", "-v"]))
     LogConfig(level='info', format='text')
     """
-    level = args.log_level or ("info" if args.verbose else "warning")
+    level: Level = args.log_level or ("info" if args.verbose else "warning")
     return LogConfig(level=level, format=args.log_format or "text")
 
 

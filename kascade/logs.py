@@ -49,8 +49,9 @@ class _JsonLines(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        if getattr(record, "worker", None) is not None:
-            entry["worker"] = record.worker
+        worker = getattr(record, "worker", None)  # stamped by configure's filter
+        if worker is not None:
+            entry["worker"] = worker
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         return json.dumps(entry, ensure_ascii=False)

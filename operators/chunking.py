@@ -19,13 +19,15 @@ from pathlib import Path
 import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
+from tokenizers import Tokenizer
+
 from kascade.operators import inflight, metrics
 from kascade.operators.encoder import load_tokenizer
 from kascade.operators.items import ChunkTask, DocMeta
+from kascade.operators.streams import by_class
 from kascade.operators.validate import Received, failure
 from kascade.schemas import DeadLetter, DeadLetterReason
 from kascade.schemas.settings import ChunkSettings
-from tokenizers import Tokenizer
 
 
 def windows(n: int, *, size: int, overlap: int) -> list[tuple[int, int]]:
@@ -235,10 +237,6 @@ def chunk(
         return split(r, tok, specials, settings, stage=step_id, cut_at_limit=cut_at_limit)
 
     items = op.flat_map("split", up, split_one)
-    is_chunk = op.branch("is_chunk", items, lambda x: isinstance(x, ChunkTask))
-    is_meta = op.branch("is_empty", is_chunk.falses, lambda x: isinstance(x, DocMeta))
-    return ChunkOut(
-        chunks=is_chunk.trues,  # type: ignore[arg-type]
-        empty=is_meta.trues,  # type: ignore[arg-type]
-        dead=is_meta.falses,  # type: ignore[arg-type]
-    )
+    chunks, rest = by_class("is_chunk", items, ChunkTask)
+    empty, dead = by_class("is_empty", rest, DocMeta)
+    return ChunkOut(chunks=chunks, empty=empty, dead=dead)

@@ -31,6 +31,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.common.serde import SchemaId
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
+from pydantic import ValidationError
+
 from kascade.operators import registry
 from kascade.operators.items import Envelope
 from kascade.operators.mapping import to_document
@@ -44,7 +46,6 @@ from kascade.schemas import (
 )
 from kascade.schemas.avro import avro_schema
 from kascade.schemas.events import InputSettings, OutputSettings, RegistrySettings
-from pydantic import ValidationError
 
 NAMESPACE = "dev.kascade"
 HEADER_PREFIX = "kascade-"
@@ -281,8 +282,11 @@ class Writer:
         """A serializer whose schema is the input's writer schema with ``output.field``
         added (optional, so the output subject stays compatible as inputs evolve)."""
         sr = registry.client(self.registry)
-        assert envelope.schema_id is not None
-        writer = registry.riding_outages(self.registry, lambda: sr.get_schema(envelope.schema_id))
+        schema_id = envelope.schema_id
+        assert schema_id is not None  # an envelope of the registry's wire format has one
+        writer = registry.riding_outages(self.registry, lambda: sr.get_schema(schema_id))
+        if writer.schema_str is None:
+            raise ValueError(f"the registry returned schema {schema_id} without its text")
         parsed = json.loads(writer.schema_str)
         name = self.output.field
         if self.output.format == "avro":

@@ -10,9 +10,11 @@ from pathlib import Path
 import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
+
 from kascade.operators import inflight, metrics
 from kascade.operators.encoder import Encoder, Graphs, load_model_dir, softmax
 from kascade.operators.items import ChunkResult, ChunkTask, Escalation
+from kascade.schemas import Stage
 from kascade.schemas.engine import Engine
 from kascade.schemas.settings import EncoderSettings
 
@@ -71,7 +73,7 @@ def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list
                     logits = encoder.logits_batch([w[0].ids for w in group])
             probs = softmax(logits.astype(np.float64))
             out.extend(
-                ChunkResult(t.doc, t.index, t.n_tokens, p, stage="full", audit_of=audit)
+                ChunkResult(t.doc, t.index, t.n_tokens, p, stage=Stage.FULL, audit_of=audit)
                 for (t, _, _, audit), p in zip(group, probs, strict=True)
             )
         except Exception as e:  # a failed call is data: the document is marked degraded
@@ -84,7 +86,7 @@ def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list
                     t.index,
                     t.n_tokens,
                     fallback,
-                    stage="full" if fallback is None else "s1",
+                    stage=Stage.FULL if fallback is None else Stage.S1,
                     error=reason,
                     audit_of=audit,
                 )

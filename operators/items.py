@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from kascade.schemas import DeadLetter, KafkaHeaders, Reading, SourcePosition
+
+from kascade.schemas import DeadLetter, KafkaHeaders, Reading, SourcePosition, Stage
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,7 @@ class ChunkResult:
     index: int
     n_tokens: int
     probs: np.ndarray | None
-    stage: str  # "s0" | "s1" | "full" | "skipped"
+    stage: Stage
     error: str | None = None
     audit_of: int | None = None  # for an audit: the label index the cheap stage chose
 

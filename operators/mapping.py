@@ -18,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
 from kascade.schemas import InputDocument
 from kascade.schemas.events import FieldPath, InputSettings
-from pydantic import ValidationError
 
 _MISSING = object()
 
@@ -108,19 +109,20 @@ def to_document(
         if isinstance(found, Unmapped):
             return found
         parts.extend(found)
-    doc_id = _key_id(key) if id_path is None else _scalar_text(event, id_path, required=True)
-    if isinstance(doc_id, Unmapped):
-        return doc_id
-    lang = None
+    found_id = _key_id(key) if id_path is None else _scalar_text(event, id_path, required=True)
+    if isinstance(found_id, Unmapped):
+        return found_id
+    lang: str | None = None
     if mapping.lang_path is not None:
-        lang = _scalar_text(event, mapping.lang_path, required=False)
-        if isinstance(lang, Unmapped):
-            return lang
+        found_lang = _scalar_text(event, mapping.lang_path, required=False)
+        if isinstance(found_lang, Unmapped):
+            return found_lang
+        lang = found_lang
     metadata = {
         p.text: v for p in mapping.metadata_paths if (v := lookup(event, p)) is not _MISSING
     }
-    assert isinstance(doc_id, str)
-    return _checked(mapping, doc_id, mapping.separator.join(parts), lang, metadata or None)
+    assert found_id is not None  # required=True answers a text or Unmapped
+    return _checked(mapping, found_id, mapping.separator.join(parts), lang, metadata or None)
 
 
 def _checked(

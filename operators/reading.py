@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from kascade.operators.aggregation import STRATEGIES, lead
 from kascade.schemas import Aggregation
 from kascade.schemas.cascade import StopRule
@@ -85,10 +86,13 @@ def stop_label(rule: StopRule, seen: Sequence[Seen], aggregation: Aggregation) -
         c.settled and c.probs is not None and c.on_topic >= rule.min_on_topic for c in window
     ):
         return None
-    labels = {int(c.probs.argmax()) for c in window}  # type: ignore[union-attr]
-    if len(labels) != 1 or any(c.probs is None for c in seen):
+    answers = [c.probs for c in seen if c.probs is not None]
+    if len(answers) != len(seen):
         return None
-    probs = np.stack([c.probs for c in seen]).astype(np.float64)  # type: ignore[misc]
+    labels = {int(p.argmax()) for p in answers[-rule.min_chunks :]}
+    if len(labels) != 1:
+        return None
+    probs = np.stack(answers).astype(np.float64)
     weights = np.asarray([max(c.n_tokens, 1) for c in seen], dtype=np.float64)
     winner, scores = STRATEGIES[aggregation].combine(probs, weights)
     (label,) = labels

@@ -21,6 +21,7 @@ import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
+
 from kascade.operators import metrics
 from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.items import ChunkResult, DocMeta, Envelope
@@ -31,6 +32,7 @@ from kascade.schemas import (
     ModelIdentity,
     OutputRecord,
     Reading,
+    Stage,
     StopReason,
 )
 
@@ -55,11 +57,11 @@ def aggregate(
     verdicts: list[ChunkVerdict], strategy: Aggregation, labels: list[str]
 ) -> DocumentLabel:
     """The document label from its chunks' verdicts; no usable verdict gives ``None``."""
-    usable = [v for v in verdicts if v.probs is not None]
+    usable = [(v, v.probs) for v in verdicts if v.probs is not None]
     if not usable:
         return DocumentLabel(None, 0.0, {})
-    probs = np.stack([v.probs for v in usable]).astype(np.float64)  # type: ignore[misc]
-    weights = np.asarray([max(v.n_tokens, 1) for v in usable], dtype=np.float64)
+    probs = np.stack([p for _, p in usable]).astype(np.float64)
+    weights = np.asarray([max(v.n_tokens, 1) for v, _ in usable], dtype=np.float64)
     winner, scores = STRATEGIES[strategy].combine(probs, weights)
     return DocumentLabel(
         labels[winner], float(scores[winner]), dict(zip(labels, scores, strict=True))
@@ -135,10 +137,10 @@ def label_document(
         aggregation=labeling.aggregation,
         chunks=ChunkCounts(
             total=reading.chunks_total,
-            settled_s0=stages["s0"],
-            settled_s1=stages["s1"],
-            full_model=stages["full"],
-            skipped=stages["skipped"],
+            settled_s0=stages[Stage.S0],
+            settled_s1=stages[Stage.S1],
+            full_model=stages[Stage.FULL],
+            skipped=stages[Stage.SKIPPED],
             unread=reading.chunks_total - reading.chunks_read,
             failed=sum(1 for r in results if r.error),
         ),

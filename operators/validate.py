@@ -20,9 +20,12 @@ from typing import Any
 import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError, KafkaSourceMessage
 from bytewax.dataflow import Stream, operator
+
+from kascade.errors import KascadeError
 from kascade.operators import inflight
 from kascade.operators.formats import Read, Reader, Unreadable
 from kascade.operators.items import Envelope
+from kascade.operators.streams import by_class
 from kascade.schemas import (
     DeadLetter,
     DeadLetterReason,
@@ -32,8 +35,6 @@ from kascade.schemas import (
 )
 from kascade.schemas.events import InputSettings, RegistrySettings
 from kascade.schemas.quarantine import Coordinates
-
-from kascade.errors import KascadeError
 
 RawMessage = KafkaSourceMessage[bytes | None, bytes | None]
 
@@ -220,8 +221,8 @@ def validate(
             check, max_bytes=max_bytes, stage=step_id, condemned=condemned, reader=reader
         ),
     )
-    split = op.branch("split", checked, lambda x: isinstance(x, Received))
-    return ValidateOut(docs=split.trues, dead=split.falses)  # type: ignore[arg-type]
+    docs, dead = by_class("split", checked, Received)
+    return ValidateOut(docs=docs, dead=dead)
 
 
 @operator

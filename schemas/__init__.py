@@ -19,6 +19,7 @@ from kascade.schemas.records import (
     OutputRecord,
     Reading,
     SourcePosition,
+    Stage,
     StopReason,
 )
 
@@ -36,5 +37,6 @@ __all__ = [
     "OutputRecord",
     "Reading",
     "SourcePosition",
+    "Stage",
     "StopReason",
 ]

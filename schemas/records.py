@@ -61,6 +61,16 @@ class InputDocument(BaseModel):
     )
 
 
+class Stage(StrEnum):
+    """Where a chunk's answer came from (the first four are counted in :class:`ChunkCounts`)."""
+
+    S0 = "s0"  # the head on mean input embeddings settled it
+    S1 = "s1"  # the head on an early layer's hidden state settled it
+    FULL = "full"  # the full model classified it
+    SKIPPED = "skipped"  # not needed: the document's label could not change
+    UNCERTAIN = "uncertain"  # the cheap stages' verdict until the full model answers
+
+
 class ChunkCounts(BaseModel):
     """How a document's chunks were settled."""
 

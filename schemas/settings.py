@@ -23,9 +23,6 @@ from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
-from kascade.schemas.events import InputSettings, OutputSettings, RegistrySettings, check_formats
-from kascade.schemas.problems import first_problem
-from kascade.schemas.records import Aggregation
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -46,6 +43,9 @@ from pydantic_settings import (
 )
 
 from kascade.errors import UsageError
+from kascade.schemas.events import InputSettings, OutputSettings, RegistrySettings, check_formats
+from kascade.schemas.problems import first_problem
+from kascade.schemas.records import Aggregation
 
 S = TypeVar("S", bound=BaseSettings)
 SecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -567,7 +567,7 @@ _config_file: ContextVar[Path | None] = ContextVar("kascade_config_file", defaul
 
 def add_settings_flags(
     parser: argparse.ArgumentParser, sections: tuple[str, ...] | None = None
-) -> CliSettingsSource[Settings]:
+) -> CliSettingsSource[Any]:
     """One flag per setting on ``parser`` (only those of ``sections``, top-level names of
     :class:`Settings`, when given), with the field's type, default and description.
 
@@ -576,15 +576,17 @@ def add_settings_flags(
     """
     if sections is None:
         return flags_for(Settings, parser)
-    fields = {n: (Settings.model_fields[n].annotation, Settings.model_fields[n]) for n in sections}
-    subset = create_model("CommandSettings", __base__=BaseSettings, **fields)  # type: ignore[call-overload]
+    fields: dict[str, Any] = {
+        n: (Settings.model_fields[n].annotation, Settings.model_fields[n]) for n in sections
+    }
+    subset = create_model("CommandSettings", __base__=BaseSettings, **fields)
     return flags_for(subset, parser)
 
 
 def flags_for(model: type[S], parser: argparse.ArgumentParser) -> CliSettingsSource[S]:
     """One flag per field of the settings class ``model`` on ``parser``, spelled the way
     every kascade command spells them (kebab case, dotted sections, ``--no-`` for off)."""
-    source = CliSettingsSource(
+    source: CliSettingsSource[S] = CliSettingsSource(
         model,
         root_parser=parser,
         cli_kebab_case=True,
@@ -639,7 +641,7 @@ def _field_at(model: type[BaseModel], dest: str) -> FieldInfo | None:
         field = model.model_fields.get(name)
         if field is None:
             return None
-        model = field.annotation  # type: ignore[assignment]
+        model = field.annotation  # type: ignore[assignment]  # a section's class, checked above
     return field
 
 

@@ -7,8 +7,12 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
-from kascade.operators.cascade import CascadeLogic, Head, Verdict, audit_pick
+
+from kascade.operators.audits import audit_pick
+from kascade.operators.calibration import Head
+from kascade.operators.cascade import CascadeLogic
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.operators.verdicts import Verdict
 from kascade.schemas import Aggregation
 from kascade.toolchain.calibrate import HEAD_CS, PATH, fit_head
 from kascade.toolchain.certify import certify, min_accepted, p_value, upper_bound

@@ -9,16 +9,16 @@ from pathlib import Path
 import pytest
 from bytewax.testing import run_main
 from helpers import SMALL_CHUNKS, documents, kascade_cli, produce, texts
+
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
-from kascade.operators.cascade import Cascade
+from kascade.errors import UsageError
+from kascade.operators.calibration import Cascade
 from kascade.schemas import CascadeUse, OutputRecord
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, CascadeSpec
 from kascade.schemas.manifest import read_manifest
 from kascade.schemas.settings import KafkaSettings, Settings
 from kascade.toolchain.calibrate import CalibrationTooSmall, calibrate
-
-from kascade.errors import UsageError
 
 
 def test_calibration_writes_heads_and_a_certified_point_bound_to_the_model(

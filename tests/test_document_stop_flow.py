@@ -17,6 +17,7 @@ from helpers import (
     long_documents,
     produce,
 )
+
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
 from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, OutputRecord, StopReason
@@ -142,7 +143,7 @@ def test_calibration_reads_documents_with_the_full_model_only_until_their_label_
     stopping: Path,
 ) -> None:
     """The lazy full read gives exactly the label of the full model on every chunk."""
-    from kascade.operators.cascade import Cascade
+    from kascade.operators.calibration import Cascade
     from kascade.operators.encoder import Encoder, load_model_dir
     from kascade.schemas import Aggregation
     from kascade.toolchain.document_stop import full_read_labels, read_documents

@@ -9,11 +9,13 @@ import random
 
 import numpy as np
 import pytest
+
 from kascade.operators import guarantee, metrics
-from kascade.operators.cascade import CascadeLogic, Verdict
+from kascade.operators.cascade import CascadeLogic
 from kascade.operators.guarantee import BoundTest, Guard, Watch
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
 from kascade.operators.reduce import Labeling, label_document
+from kascade.operators.verdicts import Verdict
 from kascade.schemas import Aggregation, CascadeUse, ModelIdentity
 
 
@@ -183,7 +185,7 @@ def test_the_audit_draw_cannot_be_predicted_from_outside_a_process() -> None:
     import sys
 
     code = (
-        "from kascade.operators.cascade import audit_pick;"
+        "from kascade.operators.audits import audit_pick;"
         "print(''.join('1' if audit_pick(f'doc-{i}', 0, 0.5) else '0' for i in range(64)))"
     )
     draws = {

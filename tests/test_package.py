@@ -10,12 +10,14 @@ import shlex
 import shutil
 import subprocess
 import sys
+import sysconfig
 import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
 from helpers import documents, produce
+
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.local_broker import free_port
 from kascade.schemas import OutputRecord
@@ -57,6 +59,57 @@ def test_building_the_package_prints_no_warning(wheel_build: tuple[Path, str]) -
     _, log = wheel_build
     warnings = [line for line in log.splitlines() if "warning" in line.lower()]
     assert not warnings, "\n".join(warnings)
+
+
+def test_the_wheel_holds_every_module_of_every_folder(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as z:
+        names = set(z.namelist())
+    for folder in ("schemas", "operators", "dataflow", "toolchain"):
+        for module in (ROOT / folder).glob("*.py"):
+            assert f"kascade/{folder}/{module.name}" in names
+    assert "kascade/py.typed" in names
+
+
+FOLDERS = ("schemas", "operators", "dataflow", "toolchain")
+
+
+def test_each_subpackage_is_a_link_to_its_top_level_folder() -> None:
+    for folder in FOLDERS:
+        link = ROOT / "kascade" / folder
+        assert link.is_symlink() and link.resolve() == ROOT / folder
+    import kascade.operators.cascade
+
+    assert Path(kascade.operators.cascade.__file__).resolve() == ROOT / "operators" / "cascade.py"
+
+
+def test_the_editable_install_is_a_path_entry_without_an_import_hook() -> None:
+    site = Path(sysconfig.get_paths()["purelib"])
+    (pth,) = site.glob("__editable__.kascade-*.pth")
+    assert pth.read_text().split() == [str(ROOT)]
+
+
+def test_a_type_checker_outside_the_tree_resolves_kascade_modules_from_the_install(
+    tmp_path: Path,
+) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "from kascade.operators.verdicts import Verdict\n"
+        "reveal_type(Verdict.settled_probs)\n"
+        "from kascade.dataflow.flow import not_there\n"
+    )
+    r = subprocess.run(
+        [
+            *(sys.executable, "-m", "mypy", "--config-file", "", "--follow-imports", "silent"),
+            *("--cache-dir", str(tmp_path / "cache"), str(probe)),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert "kascade.operators.verdicts.Verdict) -> numpy.ndarray" in r.stdout, r.stdout
+    assert 'Module "kascade.dataflow.flow" has no attribute "not_there"' in r.stdout
+    assert "missing library stubs" not in r.stdout
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,9 @@ from bytewax.connectors.kafka import KafkaSourceMessage
 from helpers import SMALL_CHUNKS, TINY_PATH, texts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from kascade.operators.cascade import Cascade, CascadeLogic, cheap_stages
+
+from kascade.operators.calibration import Cascade
+from kascade.operators.cascade import CascadeLogic
 from kascade.operators.chunking import SpecialTokens, split
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.operators.formats import Writer
@@ -23,6 +25,7 @@ from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation,
 from kascade.operators.reduce import AssembleLogic, Labeled, Labeling, labeled
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.validate import Received, check
+from kascade.operators.verdicts import cheap_stages
 from kascade.schemas import Aggregation, CascadeUse, DeadLetter, ModelIdentity, OutputRecord
 from kascade.schemas.events import OutputSettings, RegistrySettings
 from kascade.toolchain.calibrate import calibrate

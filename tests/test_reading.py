@@ -7,10 +7,12 @@ import dataclasses
 
 import numpy as np
 import pytest
-from kascade.operators.cascade import CascadeLogic, Verdict
+
+from kascade.operators.cascade import CascadeLogic
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
 from kascade.operators.reading import STOP_PATH, Seen, first_stop, stop_label
 from kascade.operators.reduce import AssembleLogic, Labeling
+from kascade.operators.verdicts import Verdict
 from kascade.schemas import (
     Aggregation,
     DeadLetter,

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import prometheus_client
 import pytest
+
 from kascade.operators import metrics
 from kascade.schemas.settings import Settings
 
@@ -53,7 +54,8 @@ def test_the_layout_table_names_every_module_of_each_folder_and_no_other(folder:
     tree = {
         p.stem if p.is_file() else p.name
         for p in (ROOT / folder).iterdir()
-        if (p.suffix == ".py" and not p.stem.startswith("__")) or (p / "__init__.py").is_file()
+        if not p.is_symlink()  # kascade/'s links to the top-level folders have their rows
+        and ((p.suffix == ".py" and not p.stem.startswith("__")) or (p / "__init__.py").is_file())
     }
     named = set(re.findall(r"`(\w+)`", _layout()[folder]))
     assert named == tree

@@ -45,12 +45,12 @@ def random_classifier(name: str, labels: list[str], seed: int = 0, **overrides: 
 
     if name not in MMBERT:
         raise UsageError(f"unknown architecture {name!r}; choose from {', '.join(MMBERT)}")
-    config = ModernBertConfig(
-        **(MMBERT[name] | overrides),
-        num_labels=len(labels),
-        id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)},
-        attn_implementation="sdpa",
-    )
+    labeled = {
+        "num_labels": len(labels),
+        "id2label": dict(enumerate(labels)),
+        "label2id": {label: i for i, label in enumerate(labels)},
+        "attn_implementation": "sdpa",
+    }
+    config = ModernBertConfig(**(MMBERT[name] | overrides | labeled))
     torch.manual_seed(seed)
     return ModernBertForSequenceClassification(config).eval()

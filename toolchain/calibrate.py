@@ -19,7 +19,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kascade.operators.cascade import Cascade, Head
+
+from kascade.errors import UsageError
+from kascade.operators.calibration import Cascade, Head
 from kascade.operators.encoder import load_model_dir
 from kascade.operators.reading import STOP_PATH
 from kascade.schemas import Aggregation
@@ -50,8 +52,6 @@ from kascade.toolchain.certify import (
 from kascade.toolchain.document_stop import certify_stop, on_topic_targets, read_documents
 from kascade.toolchain.features import Features, extract
 from kascade.toolchain.overlap import groups, shared, split_by_group
-
-from kascade.errors import UsageError
 
 log = logging.getLogger(__name__)
 

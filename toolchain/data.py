@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kascade.toolchain.overlap import groups, split_by_group
 
 from kascade.errors import UsageError
+from kascade.toolchain.overlap import groups, split_by_group
 
 
 @dataclass(frozen=True)
@@ -44,9 +44,11 @@ def _rows(path: Path) -> list[tuple[int, dict]]:
             return rows
         if suffix in (".tsv", ".csv"):
             with open(path, encoding="utf-8", newline="") as f:
-                delimiter = "\t" if suffix == ".tsv" else ","
-                quoting = csv.QUOTE_NONE if suffix == ".tsv" else csv.QUOTE_MINIMAL
-                reader = csv.DictReader(f, delimiter=delimiter, quoting=quoting)
+                reader = (
+                    csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+                    if suffix == ".tsv"
+                    else csv.DictReader(f)
+                )
                 return [(reader.line_num, row) for row in reader]
         if suffix == ".txt":
             with open(path, encoding="utf-8") as f:

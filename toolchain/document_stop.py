@@ -15,12 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
 from kascade.operators.aggregation import STRATEGIES
-from kascade.operators.cascade import Cascade, cheap_stages
+from kascade.operators.calibration import Cascade
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, softmax
 from kascade.operators.items import ChunkTask, DocMeta
 from kascade.operators.reading import STOP_PATH, Seen, first_stop, stop_label
+from kascade.operators.verdicts import cheap_stages
 from kascade.schemas import Aggregation
 from kascade.schemas.cascade import DocumentStop, StopRule
 from kascade.schemas.settings import ChunkSettings
@@ -88,7 +90,8 @@ def read_documents(
             continue
         meta = DocMeta(f"calibration-{n}", len(chunks), None, None, None)
         weights = [float(max(c.n_tokens, 1)) for c in chunks]
-        seen, full = [], []
+        seen: list[Seen] = []
+        full: list[np.ndarray] = []
         for c in chunks:
             verdict = cheap(ChunkTask(meta, c.index, c.ids, c.n_tokens, c.end_token))
             seen.append(verdict.seen(c.n_tokens))

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from kascade.operators.cascade import pooled
+
+from kascade.errors import UsageError
+from kascade.operators.calibration import pooled
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, softmax
 from kascade.schemas.engine import Engine
 from kascade.toolchain import passes
-
-from kascade.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
 from kascade.operators.backends import load_graph
 from kascade.operators.encoder import Encoder, Graphs, load_model_dir
 from kascade.schemas.engine import Engine
@@ -137,4 +138,4 @@ def _peak_rss_mb() -> float:
 
 
 if __name__ == "__main__":
-    _probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])  # type: ignore[arg-type]
+    _probe(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])  # type: ignore[arg-type]  # run() passes a Graphs

@@ -10,6 +10,7 @@ False
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from importlib import metadata
@@ -46,7 +47,7 @@ def base_of(base: str, model: Any) -> BaseModelRef:
         for pattern in _WEIGHT_PATTERNS:
             for f in sorted(directory.glob(pattern)):
                 with f.open("rb") as fh:
-                    for block in iter(lambda fh=fh: fh.read(1 << 20), b""):
+                    for block in iter(functools.partial(fh.read, 1 << 20), b""):
                         digest.update(block)
         return BaseModelRef(name=str(directory.resolve()), version=f"sha256:{digest.hexdigest()}")
     commit = getattr(model.config, "_commit_hash", None)
