@@ -32,15 +32,16 @@ from pathlib import Path
 import numpy as np
 import psutil
 from confluent_kafka import Consumer, Producer
-from kascade.dataflow.local_broker import ensure_local_broker, free_port
-from kascade.operators.encoder import load_model_dir
-from kascade.schemas import InputDocument
-from kascade.schemas.files import write_text_atomically
-from kascade.schemas.settings import KafkaSettings
 
 from bench.env import environment
 from bench.flow import fresh_topics, kascade_run_command
 from bench.long_docs import _rows
+from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.dataflow.ports import free_port
+from kascade.operators.encoder import load_model_dir
+from kascade.schemas import InputDocument
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.settings import KafkaSettings
 
 LANGUAGES = (
     "eng_Latn", "deu_Latn", "fra_Latn", "spa_Latn", "rus_Cyrl", "zho_Hans", "arb_Arab", "hin_Deva",

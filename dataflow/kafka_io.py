@@ -32,8 +32,8 @@ from confluent_kafka import (
 )
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 
+from kascade.dataflow.channel import announce_joined
 from kascade.dataflow.health import LINK, FoldConnectionErrors, means_unreachable
-from kascade.dataflow.supervisor import announce_joined
 from kascade.errors import KascadeError, UsageError
 from kascade.operators.items import Outgoing
 from kascade.schemas.settings import KafkaSettings, is_secret

@@ -26,7 +26,7 @@ from bytewax.errors import BytewaxRuntimeError
 from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 
-from kascade.dataflow import supervisor
+from kascade.dataflow import channel
 from kascade.dataflow.exactly_once import record_start
 from kascade.dataflow.kafka_io import DRAIN, accepted_record_bytes, check_cluster
 from kascade.dataflow.supervisor import supervise
@@ -107,7 +107,7 @@ def run_process(
         if DRAIN.is_set():
             stopped.set()
             signal.default_int_handler(signum, frame)
-        if not supervisor.is_worker():  # a supervisor says it once, for all its workers
+        if not channel.is_worker():  # a supervisor says it once, for all its workers
             log.warning("draining: no new records are read; a second signal stops at once")
         DRAIN.set()
 

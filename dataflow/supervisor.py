@@ -16,7 +16,6 @@ deaths the restarted flow dead-letters it instead of dying on it again.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import pickle
@@ -30,9 +29,13 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TextIO
 
 from bytewax.dataflow import Dataflow
-from kascade.dataflow.local_broker import free_port
+
+from kascade import logs
+from kascade.dataflow import channel
+from kascade.dataflow.channel import Event
 from kascade.dataflow.peers import (
     NOT_ANSWERING,
     ControlServer,
@@ -43,28 +46,21 @@ from kascade.dataflow.peers import (
     states,
     tell_suspended,
 )
+from kascade.dataflow.ports import free_port
+from kascade.errors import KascadeError
+from kascade.logs import LogConfig
 from kascade.operators import inflight
 from kascade.schemas import suspensions
 from kascade.schemas.quarantine import Quarantine, Suspect
 from kascade.schemas.settings import Settings
 
-from kascade import logs
-from kascade.errors import KascadeError
-from kascade.logs import LogConfig
-
 log = logging.getLogger(__name__)
 
-# The line a worker process prints last when it fails: what the supervisor reports.
-FAILURE_MARK = "kascade: worker "
 # A worker's exit status for a KascadeError (settings, broker, model): a restart would
 # fail the same way, so the job exits.
 FATAL_EXIT = 3
 # A worker that lost its connection to a peer (Bytewax panics): the peer is the cause.
 PEER_LOST_EXIT = 4
-# The line a worker prints once its dataflow is connected to every peer.
-JOINED_MARK = "kascade: joined"
-# The line a worker prints as it exits: what it labeled and dead-lettered (JSON).
-TOTALS_MARK = "kascade: totals "
 # How long workers get to finish what they hold after SIGTERM/SIGINT.
 DRAIN_S = 30.0
 # How long a cluster may take to form before the supervisor says whom it waits for.
@@ -77,27 +73,6 @@ _TIMELY_RETRY = re.compile(r"error connecting to worker \d+")
 
 class WorkerFailed(KascadeError):
     """A worker process stopped with an error; the message is the first failure's."""
-
-
-_in_worker = threading.Event()
-
-
-def in_worker() -> None:
-    """This process is a worker under a supervisor (called by its main)."""
-    _in_worker.set()
-
-
-def is_worker() -> bool:
-    """Whether this process is one of a supervisor's workers."""
-    return _in_worker.is_set()
-
-
-def announce_joined() -> None:
-    """Tell the supervisor this worker's dataflow runs. Bytewax builds a dataflow only
-    once every peer is connected, so the flow's source calls this when it is built; in a
-    process without a supervisor it does nothing."""
-    if is_worker():
-        print(JOINED_MARK, file=sys.stderr, flush=True)
 
 
 def notes_dir(recovery_dir: Path) -> Path:
@@ -353,7 +328,9 @@ def _start_once(
     # Secrets travel by pipe, never in argv or the environment.
     payload = pickle.dumps(Orders(settings, build, restarts, os.getpid(), logs.current())).hex()
     running.clear()
+    channels = []
     for i in layout.ids:
+        theirs, ours = _channel()
         p = subprocess.Popen(
             [sys.executable, "-m", "kascade.dataflow.worker", str(i), ";".join(addresses)],
             stdin=subprocess.PIPE,
@@ -361,13 +338,17 @@ def _start_once(
             stderr=subprocess.STDOUT,
             text=True,
             errors="replace",
+            pass_fds=(theirs,),
+            env=os.environ | {channel.ENV: str(theirs)},
         )
+        os.close(theirs)  # the worker holds the only writer: its exit ends our reading
         assert p.stdin is not None
         p.stdin.write(payload)
         p.stdin.close()
         running.append(p)
+        channels.append(ours)
     procs = dict(zip(layout.ids, running, strict=True))
-    relay = _Relay(procs)
+    relay = _Relay(procs, dict(zip(layout.ids, channels, strict=True)))
     began = time.monotonic()
     timeout_s = settings.cluster.connect_timeout_s
     told_waiting = False
@@ -485,12 +466,20 @@ def _cause(relay: _Relay, index: int, code: int) -> str:
     return relay.cause(index) or f"worker {index} exited with status {code}"
 
 
-class _Relay:
-    """Forwards each worker's output to stderr, minus the lines the supervisor tells once: failure
-    marks, joins, and Bytewax's connection retries (one a second per missing peer).
-    Once one worker has failed, its siblings' lines are held back."""
+def _channel() -> tuple[int, TextIO]:
+    """A pipe for a worker's notes: the end it writes to (its number, for the worker's
+    environment) and the end this process reads."""
+    read_end, write_end = os.pipe()
+    return write_end, os.fdopen(read_end, encoding="utf-8", errors="replace")
 
-    def __init__(self, procs: dict[int, subprocess.Popen]) -> None:
+
+class _Relay:
+    """What the workers say: their notes on the channel (joined, totals, the cause of a
+    failure), and their output, forwarded to stderr minus Bytewax's connection retries
+    (one a second per missing peer: the supervisor says once whom it waits for). Once one
+    worker has failed, its siblings' lines are held back."""
+
+    def __init__(self, procs: dict[int, subprocess.Popen], channels: dict[int, TextIO]) -> None:
         self._lock = threading.Lock()
         self._first: int | None = None
         self._causes: dict[int, str] = {}
@@ -499,28 +488,33 @@ class _Relay:
         self._totals: Counter[str] = Counter()
         self._threads = [
             threading.Thread(target=self._pump, args=(i, p), daemon=True) for i, p in procs.items()
+        ] + [
+            threading.Thread(target=self._listen, args=(i, c), daemon=True)
+            for i, c in channels.items()
         ]
         for t in self._threads:
             t.start()
+
+    def _listen(self, index: int, stream: TextIO) -> None:
+        with stream:
+            for note in channel.notes(stream):
+                with self._lock:
+                    if note.event == Event.JOINED:
+                        self._joined.add(index)
+                    elif note.event == Event.TOTALS:
+                        self._totals.update(note.counts)
+                    elif note.event == Event.FAILED:
+                        self._causes[index] = note.cause or f"worker {index} failed"
+                        if self._first is None:
+                            self._first = index
 
     def _pump(self, index: int, proc: subprocess.Popen) -> None:
         assert proc.stdout is not None
         for line in proc.stdout:
             with self._lock:
-                if line.startswith(JOINED_MARK):
-                    self._joined.add(index)
-                    continue
-                if line.startswith(TOTALS_MARK):
-                    self._totals.update(json.loads(line.removeprefix(TOTALS_MARK)))
-                    continue
                 if _TIMELY_RETRY.search(line):
                     self._retry = line.strip()
                     continue
-                if line.startswith(FAILURE_MARK):
-                    self._causes[index] = line.strip()
-                    if self._first is None:
-                        self._first = index
-                    continue  # the supervisor reports it, once
                 if self._first is None or self._first == index:
                     sys.stderr.write(line)
 
@@ -542,8 +536,7 @@ class _Relay:
 
     def cause(self, index: int) -> str | None:
         with self._lock:
-            line = self._causes.get(index)
-        return None if line is None else line.removeprefix("kascade: ")
+            return self._causes.get(index)
 
     def join(self, timeout_s: float = 5.0) -> None:
         for t in self._threads:

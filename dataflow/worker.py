@@ -9,27 +9,19 @@ process).
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import pickle
 import signal
 import sys
 import traceback
 
-from kascade.dataflow import supervisor
-from kascade.dataflow.runner import run_process
-from kascade.dataflow.supervisor import (
-    FAILURE_MARK,
-    FATAL_EXIT,
-    PEER_LOST_EXIT,
-    TOTALS_MARK,
-    Orders,
-    notes_dir,
-)
-from kascade.operators import inflight, metrics
-
 from kascade import logs
+from kascade.dataflow import channel
+from kascade.dataflow.channel import Event, Note
+from kascade.dataflow.runner import run_process
+from kascade.dataflow.supervisor import FATAL_EXIT, PEER_LOST_EXIT, Orders, notes_dir
 from kascade.errors import kascade_error_in
+from kascade.operators import inflight, metrics
 
 
 def _die_with(supervisor_pid: int) -> None:
@@ -62,7 +54,7 @@ def main() -> int:
     logs.configure(orders.logs, worker=index)
     settings = orders.settings
     metrics.RESTARTS.set(orders.restarts)
-    supervisor.in_worker()
+    channel.open_from_environment()
     if settings.recovery_dir is not None:
         inflight.track(notes_dir(settings.recovery_dir) / str(index))
     try:
@@ -70,13 +62,13 @@ def main() -> int:
     except BaseException as e:
         _report_totals()
         if _lost_a_peer(e):
-            print(f"{FAILURE_MARK}{index}: lost its connection to a peer", file=sys.stderr)
+            _failed(f"worker {index}: lost its connection to a peer")
             return PEER_LOST_EXIT
         if not isinstance(e, Exception):
             raise
         cause = kascade_error_in(e)
-        # The supervisor reports this line, from whichever worker failed first.
-        print(f"{FAILURE_MARK}{index}: {cause or f'{type(e).__name__}: {e}'}", file=sys.stderr)
+        # The supervisor reports this, from whichever worker failed first.
+        _failed(f"worker {index}: {cause or f'{type(e).__name__}: {e}'}")
         if cause is None:
             traceback.print_exc()
             return 1
@@ -86,7 +78,11 @@ def main() -> int:
 
 
 def _report_totals() -> None:
-    print(f"{TOTALS_MARK}{json.dumps(metrics.totals())}", file=sys.stderr, flush=True)
+    channel.tell(Note(event=Event.TOTALS, counts=metrics.totals()))
+
+
+def _failed(cause: str) -> None:
+    channel.tell(Note(event=Event.FAILED, cause=cause))
 
 
 if __name__ == "__main__":

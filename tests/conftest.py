@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+
 from kascade.dataflow.kafka_io import create_topics
 from kascade.schemas.settings import KafkaSettings
 
@@ -44,7 +45,8 @@ def kafka_bootstrap() -> Iterator[str]:
         with container:
             yield container.get_bootstrap_server()
         return
-    from kascade.dataflow.local_broker import ensure_local_broker, free_port
+    from kascade.dataflow.local_broker import ensure_local_broker
+    from kascade.dataflow.ports import free_port
 
     broker = ensure_local_broker(free_port())
     try:
@@ -62,7 +64,8 @@ def schema_registry_url() -> Iterator[str]:
     if explicit:
         yield explicit
         return
-    from kascade.dataflow.local_broker import ensure_local_registry, free_port
+    from kascade.dataflow.local_broker import ensure_local_registry
+    from kascade.dataflow.ports import free_port
 
     registry = ensure_local_registry(free_port())
     try:

@@ -9,10 +9,11 @@ import sys
 from pathlib import Path
 
 from confluent_kafka import Producer
+from tiny_models import CORPUS
+
 from kascade.dataflow.consume import read_all
 from kascade.schemas import InputDocument, OutputRecord
 from kascade.schemas.settings import ChunkSettings, KafkaSettings
-from tiny_models import CORPUS
 
 # Small chunks, so the tiny test models' documents span several of them.
 SMALL_CHUNKS = ChunkSettings(max_tokens=64, overlap=8, max_chunks=20)
@@ -36,7 +37,7 @@ def kascade_cli(
 def cluster_addresses(n: int) -> str:
     """``n`` addresses on this host for one cluster: free ports whose successors (each
     process's control port) are free and none of them another's."""
-    from kascade.dataflow.local_broker import free_port
+    from kascade.dataflow.ports import free_port
 
     ports: list[int] = []
     while len(ports) < n:

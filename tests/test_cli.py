@@ -8,7 +8,8 @@ import time
 
 import pytest
 from helpers import kascade_cli
-from kascade.dataflow.local_broker import free_port
+
+from kascade.dataflow.ports import free_port
 
 
 def test_an_unknown_subcommand_prints_one_line_and_exits_2() -> None:

@@ -11,8 +11,9 @@ import urllib.error
 import urllib.request
 
 import pytest
-from kascade.dataflow.local_broker import free_port
+
 from kascade.dataflow.peers import READ_TIMEOUT_S, ControlServer, Peer, ask_to_drain, probe
+from kascade.dataflow.ports import free_port
 
 TOKEN = "s3cret-control-token"
 

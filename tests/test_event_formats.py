@@ -17,9 +17,10 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerialize
 from confluent_kafka.schema_registry.json_schema import JSONDeserializer, JSONSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from helpers import documents, kascade_cli
+
 from kascade.dataflow.consume import read_records
 from kascade.dataflow.flow import build_flow
-from kascade.dataflow.local_broker import free_port
+from kascade.dataflow.ports import free_port
 from kascade.operators.items import Outgoing
 from kascade.schemas import DeadLetter, Enrichment, OutputRecord
 from kascade.schemas.settings import KafkaSettings, Settings

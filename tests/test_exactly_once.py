@@ -18,14 +18,16 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from helpers import kascade_run, produce
+from test_cluster import Cluster
+from test_faults import mixed_corpus, workers_of
+
 from kascade.dataflow.consume import read_records
 from kascade.dataflow.kafka_io import create_topics
-from kascade.dataflow.local_broker import _script, ensure_local_broker, free_port
+from kascade.dataflow.local_broker import _script, ensure_local_broker
+from kascade.dataflow.ports import free_port
 from kascade.operators.formats import ORIGIN_HEADER
 from kascade.schemas import DeadLetter, OutputRecord
 from kascade.schemas.settings import KafkaSettings
-from test_cluster import Cluster
-from test_faults import mixed_corpus, workers_of
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
 

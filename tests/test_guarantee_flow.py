@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 from helpers import SMALL_CHUNKS, TINY_PATH, kascade_cli, kascade_run, output_ids, produce, texts
+from tiny_models import CORPUS
+
+from bench.guarantee import audits
 from kascade.dataflow.consume import read_all
-from kascade.dataflow.local_broker import free_port
+from kascade.dataflow.ports import free_port
 from kascade.schemas import CascadeUse, DeadLetter, InputDocument, OutputRecord
 from kascade.schemas.cascade import CASCADE_FILE
 from kascade.schemas.settings import KafkaSettings
 from kascade.toolchain.calibrate import calibrate
-from tiny_models import CORPUS
-
-from bench.guarantee import audits
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 

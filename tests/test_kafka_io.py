@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+
 from kascade.dataflow.consume import read_records
 from kascade.dataflow.kafka_io import (
     DeliveryCheckedSink,
@@ -12,7 +13,7 @@ from kascade.dataflow.kafka_io import (
     KafkaUnavailable,
     check_cluster,
 )
-from kascade.dataflow.local_broker import free_port
+from kascade.dataflow.ports import free_port
 from kascade.operators.items import Outgoing
 from kascade.schemas.settings import KafkaSettings
 

@@ -15,13 +15,13 @@ from typing import Any
 import kubernetes_validate
 import pytest
 import yaml
-from kascade.dataflow.local_broker import free_port
-from kascade.dataflow.peers import ControlServer
-from kascade.dataflow.supervisor import DRAIN_S
-from kascade.schemas.settings import Settings, load_settings
 from pydantic import BaseModel
 
 from kascade.cli import build_parser
+from kascade.dataflow.peers import ControlServer
+from kascade.dataflow.ports import free_port
+from kascade.dataflow.supervisor import DRAIN_S
+from kascade.schemas.settings import Settings, load_settings
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 KUBERNETES = "1.31.0"  # apps.kubernetes.io/pod-index labels pods since 1.28

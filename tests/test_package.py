@@ -19,7 +19,7 @@ import pytest
 from helpers import documents, produce
 
 from kascade.dataflow.consume import read_all
-from kascade.dataflow.local_broker import free_port
+from kascade.dataflow.ports import free_port
 from kascade.schemas import OutputRecord
 from kascade.schemas.settings import KafkaSettings
 

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 import yaml
 from helpers import documents, kascade_run, output_ids, produce
-from kascade.dataflow.local_broker import free_port
+
+from kascade.dataflow.ports import free_port
 from kascade.schemas.settings import KafkaSettings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]

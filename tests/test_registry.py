@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
-from kascade.dataflow.local_broker import free_port
+
+from kascade.dataflow.ports import free_port
 from kascade.operators.registry import RegistryUnavailable, is_outage, riding_outages
 from kascade.schemas.events import RegistrySettings
 

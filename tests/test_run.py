@@ -19,7 +19,8 @@ from helpers import (
     output_ids,
     produce,
 )
-from kascade.dataflow.local_broker import free_port
+
+from kascade.dataflow.ports import free_port
 from kascade.schemas import InputDocument
 from kascade.schemas.settings import KafkaSettings
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 from helpers import documents, kascade_cli, kascade_run, produce
+
 from kascade.dataflow.consume import read_all
-from kascade.dataflow.local_broker import free_port
+from kascade.dataflow.ports import free_port
 from kascade.operators.registry import RegistryUnavailable, check_registry
 from kascade.schemas.events import RegistrySettings
 from kascade.schemas.settings import KafkaSettings, load_settings

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 from helpers import kascade_cli
-from kascade.dataflow.local_broker import free_port
 
 from kascade.cli import build_parser
+from kascade.dataflow.ports import free_port
 
 # argv with placeholders, the exit status, and words the one line must hold. {tmp}: a
 # scratch directory with the files below; {model}: a tiny exported model without a
