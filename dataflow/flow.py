@@ -6,6 +6,7 @@ that receives the original bytes and the reason for anything the flow could not 
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
@@ -17,7 +18,7 @@ from bytewax.dataflow import Dataflow, Stream
 from kascade.dataflow.exactly_once import TransactionalSink, route
 from kascade.dataflow.kafka_io import DeliveryCheckedSink, source
 from kascade.errors import UsageError
-from kascade.operators import backends, guarantee, metrics
+from kascade.operators import backends, metrics
 from kascade.operators.calibration import Cascade
 from kascade.operators.cascade import cascade
 from kascade.operators.chunking import chunk
@@ -229,18 +230,18 @@ def prepare(settings: Settings) -> Prepared:
     return Prepared(model, use, in_force, document_stop(settings, model, in_force), engine)
 
 
-def _record_audit(_step: str, result: ChunkResult) -> None:
+def _record_audit(guard: Guard, _step: str, result: ChunkResult) -> None:
     if result.probs is None:
         return
     agree = int(result.probs.argmax()) == result.audit_of
     metrics.AUDITS.labels(str(agree).lower()).inc()
     try:
-        guarantee.audit(agree, result.doc.lang)
+        guard.audit(agree, result.doc.lang)
     except Exception:  # bookkeeping of the live test never costs a worker or a record
         log.exception("the live test of the bound could not count an audit")
 
 
-def watch_the_bound(settings: Settings, cascade: Cascade) -> None:
+def watch_the_bound(settings: Settings, cascade: Cascade) -> Guard:
     """This process's live test of the certified bound on the audits it runs. Audits
     are spread over every worker process; each tests its own share at delta / processes,
     so a false alarm anywhere in the job stays at most delta. With a recovery directory
@@ -252,7 +253,7 @@ def watch_the_bound(settings: Settings, cascade: Cascade) -> None:
     shared = None
     if settings.recovery_dir is not None and cascade.sha256 is not None:
         shared = Shared(settings.recovery_dir, cascade.sha256)
-    guarantee.install(Guard(watch, suspend=suspend, shared=shared))
+    return Guard(watch, suspend=suspend, shared=shared)
 
 
 def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow:
@@ -280,9 +281,10 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
         cut_at_limit=stop is not None,
     )
     late_dead = []
-    guarantee.install(None)
     if in_force is not None:
-        watch_the_bound(settings, in_force)
+        # This process's live test: its state is the process's (its suspensions are the
+        # recovery directory's), handed to the two steps that use it, no module global.
+        guard = watch_the_bound(settings, in_force)
         cheap = cascade(
             "cascade",
             chunked.chunks,
@@ -293,6 +295,7 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
             prepared.engine,
             settings.aggregation,
             stop,
+            guard,
         )
         late_dead.append(cheap.dead)
         # Chunks of one document may run on different workers: the full model is the cost.
@@ -301,7 +304,7 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
             "classify", spread, model.directory, settings.encoder, prepared.engine, "stages"
         )
         audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
-        op.inspect("audit_agreement", audits.trues, _record_audit)
+        op.inspect("audit_agreement", audits.trues, functools.partial(_record_audit, guard))
         results = op.merge("results", cheap.settled, audits.falses)
     else:
         everything = op.redistribute("spread", chunked.chunks)

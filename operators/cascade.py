@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +35,7 @@ from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.audits import audit_pick
 from kascade.operators.calibration import Cascade
 from kascade.operators.full_model import worker_encoder
+from kascade.operators.guarantee import Guard
 from kascade.operators.items import ChunkResult, ChunkTask, Escalation
 from kascade.operators.reading import stop_label
 from kascade.operators.streams import by_class
@@ -70,6 +72,9 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
     # others' turns come (Bytewax calls ``on_notify`` once per activation) before its
     # next: short documents pass long ones.
     turn: int | None = None
+    # Whether the live test suspended the cheap stages for a language: the full model
+    # decides those chunks (the process's Guard.suspends).
+    suspends: Callable[[str | None], bool] = guarantee.never_suspended
     _budget: int | None = field(default=None, init=False, repr=False)
 
     def on_item(self, value: ChunkTask) -> tuple[list[Out], bool]:
@@ -126,7 +131,7 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
         )
         while s.read in s.tasks and self._may_read():
             task = s.tasks[s.read]
-            if guarantee.suspended(task.doc.lang):
+            if self.suspends(task.doc.lang):
                 # The live test rejected the bound here: the full model decides the chunk.
                 task = dataclasses.replace(task, doc=dataclasses.replace(task.doc, suspended=True))
                 s.tasks[s.read] = task
@@ -230,6 +235,7 @@ def cascade(
     engine: Engine,
     strategy: Aggregation,
     stop: StopRule | None = None,
+    guard: Guard | None = None,
 ) -> CascadeOut:
     """Cheap stages per chunk on the document's worker, read in order up to a certified
     ``stop`` (``None``: every chunk); escalations leave for any worker. ``in_force`` is
@@ -245,7 +251,10 @@ def cascade(
     def build(resume: CascadeState | None) -> CascadeLogic:
         cheap = stages()
         turn = settings.chunks_per_turn or None
-        return CascadeLogic(cheap, strategy, settings.audit_fraction, resume, stop, turn)
+        suspends = guarantee.never_suspended if guard is None else guard.suspends
+        return CascadeLogic(
+            cheap, strategy, settings.audit_fraction, resume, stop, turn, suspends=suspends
+        )
 
     keyed = op.key_on("by_record", up, lambda t: t.doc.unit)
     decided = op.key_rm("unkey", op.stateful("stages", keyed, build))

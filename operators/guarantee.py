@@ -184,6 +184,7 @@ class Guard:
     _seen: float | None = field(default=None, repr=False)  # the file's mtime then
 
     def __post_init__(self) -> None:
+        self._gauge(EVERYTHING, self.watch.overall)
         self._adopt(why="before this process started")
 
     @property
@@ -299,22 +300,6 @@ class Guard:
             metrics.GUARANTEE.labels(lang, s).set(1.0 if s == state else 0.0)
 
 
-_guard: Guard | None = None
-
-
-def install(guard: Guard | None) -> None:
-    """The guard of this process's flow (None: no cascade, nothing to watch)."""
-    global _guard
-    _guard = guard
-    if guard is not None:
-        guard._gauge(EVERYTHING, guard.watch.overall)
-
-
-def audit(agree: bool, lang: str | None) -> None:
-    if _guard is not None:
-        _guard.audit(agree, lang)
-
-
-def suspended(lang: str | None) -> bool:
-    """Whether a violation suspended this process's cheap stages for ``lang``'s chunks."""
-    return _guard is not None and _guard.suspends(lang)
+def never_suspended(_lang: str | None) -> bool:
+    """The verdict source of a cascade without a guard: its cheap stages, always."""
+    return False

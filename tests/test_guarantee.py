@@ -10,7 +10,7 @@ import random
 import numpy as np
 import pytest
 
-from kascade.operators import guarantee, metrics
+from kascade.operators import metrics
 from kascade.operators.cascade import CascadeLogic
 from kascade.operators.guarantee import BoundTest, Guard, Watch
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
@@ -63,36 +63,30 @@ def test_a_drifting_language_is_named_even_while_the_total_holds() -> None:
 def test_the_violation_line_keeps_the_precision_of_a_small_epsilon(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    guarantee.install(Guard(Watch(epsilon=0.0005, delta=0.01), suspend=False))
-    try:
-        with caplog.at_level(logging.ERROR, logger="kascade.operators.guarantee"):
-            for i in range(3000):
-                guarantee.audit(agree=i % 100 != 0, lang="en")  # 1% disagree
-        (line,) = [r.getMessage() for r in caplog.records]
-        assert "above the certified epsilon 0.05% (confidence 99%)" in line
-    finally:
-        guarantee.install(None)
+    guard = Guard(Watch(epsilon=0.0005, delta=0.01), suspend=False)
+    with caplog.at_level(logging.ERROR, logger="kascade.operators.guarantee"):
+        for i in range(3000):
+            guard.audit(agree=i % 100 != 0, lang="en")  # 1% disagree
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "above the certified epsilon 0.05% (confidence 99%)" in line
 
 
 def test_a_violation_is_one_line_sets_the_gauge_and_suspends_the_cheap_stages(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     guard = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True)
-    guarantee.install(guard)
-    try:
-        with caplog.at_level(logging.ERROR, logger="kascade.operators.guarantee"):
-            for i in range(400):
-                guarantee.audit(agree=i % 5 != 0, lang="de")  # 20% disagree
-        assert guarantee.suspended("de") and guarantee.suspended("fr") and guarantee.suspended(None)
-        (line,) = [r.getMessage() for r in caplog.records]
-        assert line.startswith("cascade guarantee violated (most on language de: ")
-        assert "above the certified epsilon 2% (confidence 95%)" in line
-        assert "every chunk goes to the full model from now on" in line
-        state = metrics.GUARANTEE.labels("all", "violated")._value.get()
-        assert state == 1.0 and metrics.GUARANTEE.labels("all", "holding")._value.get() == 0.0
-    finally:
-        guarantee.install(None)
-    assert not guarantee.suspended("de")
+    with caplog.at_level(logging.ERROR, logger="kascade.operators.guarantee"):
+        for i in range(400):
+            guard.audit(agree=i % 5 != 0, lang="de")  # 20% disagree
+    assert guard.suspends("de") and guard.suspends("fr") and guard.suspends(None)
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert line.startswith("cascade guarantee violated (most on language de: ")
+    assert "above the certified epsilon 2% (confidence 95%)" in line
+    assert "every chunk goes to the full model from now on" in line
+    state = metrics.GUARANTEE.labels("all", "violated")._value.get()
+    assert state == 1.0 and metrics.GUARANTEE.labels("all", "holding")._value.get() == 0.0
+    # another guard (another run in this process) starts from its own state
+    assert not Guard(Watch(epsilon=0.02, delta=0.05), suspend=True).suspends("de")
 
 
 def test_with_alert_only_the_cascade_goes_on_after_a_violation() -> None:
@@ -111,14 +105,10 @@ def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_
         return Verdict("s0", np.array([0.9, 0.1]))
 
     guard = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, scopes={"all"})
-    guarantee.install(guard)
-    try:
-        logic = CascadeLogic(cheap, Aggregation.TOKEN_MEAN)
-        out = []
-        for i in range(2):
-            out += logic.on_item(ChunkTask(meta, i, np.arange(10), 10))[0]
-    finally:
-        guarantee.install(None)
+    logic = CascadeLogic(cheap, Aggregation.TOKEN_MEAN, suspends=guard.suspends)
+    out = []
+    for i in range(2):
+        out += logic.on_item(ChunkTask(meta, i, np.arange(10), 10))[0]
     assert calls == []  # not even S0
     assert all(isinstance(e, Escalation) and e.task.doc.suspended for e in out)
     results = [

@@ -139,7 +139,9 @@ def nine_and_sw(
     ]
     for j in range(drifted):  # sw: the calibration's words in any order
         doc = InputDocument(id=f"{prefix}-sw-{j}", text=disagree[j % len(disagree)], lang="sw")
-        out.insert((j * len(out)) // drifted, doc)
+        # never first: audits of sw alone, before any other language's, are all the overall
+        # test has seen, and it fires for every language instead of sw's
+        out.insert(((j + 1) * len(out)) // (drifted + 1), doc)
     return out
 
 
