@@ -276,7 +276,7 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
     chunked = chunk(
         "chunk",
         docs,
-        model.directory / TOKENIZER,
+        model.tokenizer,
         settings.chunking,
         cut_at_limit=stop is not None,
     )
@@ -288,7 +288,7 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
         cheap = cascade(
             "cascade",
             chunked.chunks,
-            model.directory,
+            model,
             in_force,
             settings.cascade,
             settings.encoder.threads,
@@ -300,17 +300,13 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
         late_dead.append(cheap.dead)
         # Chunks of one document may run on different workers: the full model is the cost.
         spread = op.redistribute("spread", cheap.escalations)
-        full = classify(
-            "classify", spread, model.directory, settings.encoder, prepared.engine, "stages"
-        )
+        full = classify("classify", spread, model, settings.encoder, prepared.engine, "stages")
         audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
         op.inspect("audit_agreement", audits.trues, functools.partial(_record_audit, guard))
         results = op.merge("results", cheap.settled, audits.falses)
     else:
         everything = op.redistribute("spread", chunked.chunks)
-        results = classify(
-            "classify", everything, model.directory, settings.encoder, prepared.engine
-        )
+        results = classify("classify", everything, model, settings.encoder, prepared.engine)
     records = assemble("assemble", results, chunked.empty, labeling)
     limit = settings.kafka.record_limit()
     writer = Writer(settings.output, settings.registry, settings.kafka.output_topic)

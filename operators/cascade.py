@@ -23,7 +23,6 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 
 import bytewax.operators as op
 import numpy as np
@@ -34,6 +33,7 @@ from kascade.operators import guarantee, inflight, metrics
 from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.audits import audit_pick
 from kascade.operators.calibration import Cascade
+from kascade.operators.encoder import Loaded
 from kascade.operators.full_model import worker_encoder
 from kascade.operators.guarantee import Guard
 from kascade.operators.items import ChunkResult, ChunkTask, Escalation
@@ -228,7 +228,7 @@ class CascadeOut:
 def cascade(
     step_id: str,
     up: Stream[ChunkTask],
-    model_dir: Path,
+    model: Loaded,
     in_force: Cascade,
     settings: CascadeSettings,
     threads: int,
@@ -245,7 +245,7 @@ def cascade(
     def stages() -> CheapStages:
         # Once per process: the heads that settle the chunks are the calibration's whose
         # cascade.json sha256 the records carry, never a file read again here.
-        encoder = worker_encoder(str(model_dir), threads, "stages", engine)
+        encoder = worker_encoder(model, threads, "stages", engine)
         return cheap_stages(encoder, in_force, settings.audit_fraction)
 
     def build(resume: CascadeState | None) -> CascadeLogic:

@@ -12,9 +12,7 @@ it to a ``tokenizers`` encoding and keeps each chunk's character offsets.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import bytewax.operators as op
 import numpy as np
@@ -22,7 +20,6 @@ from bytewax.dataflow import Stream, operator
 from tokenizers import Tokenizer
 
 from kascade.operators import inflight, metrics
-from kascade.operators.encoder import load_tokenizer
 from kascade.operators.items import ChunkTask, DocMeta
 from kascade.operators.streams import by_class
 from kascade.operators.validate import Received, failure
@@ -143,12 +140,6 @@ def chunk_text(
     ]
 
 
-@functools.lru_cache(maxsize=4)
-def _tokenizer(path: str) -> tuple[Tokenizer, SpecialTokens]:
-    tok = load_tokenizer(path)
-    return tok, SpecialTokens.of(tok)
-
-
 def split(
     r: Received,
     tokenizer: Tokenizer,
@@ -226,15 +217,16 @@ class ChunkOut:
 def chunk(
     step_id: str,
     up: Stream[Received],
-    tokenizer_path: Path,
+    tokenizer: Tokenizer,
     settings: ChunkSettings,
     cut_at_limit: bool = False,
 ) -> ChunkOut:
-    """Split each document into :class:`ChunkTask` items (tokenizer loaded once per process)."""
+    """Split each document into :class:`ChunkTask` items with the run's ``tokenizer``
+    (the model's, loaded once per process with it)."""
+    specials = SpecialTokens.of(tokenizer)
 
     def split_one(r: Received) -> list[ChunkTask | DocMeta | DeadLetter]:
-        tok, specials = _tokenizer(str(tokenizer_path))
-        return split(r, tok, specials, settings, stage=step_id, cut_at_limit=cut_at_limit)
+        return split(r, tokenizer, specials, settings, stage=step_id, cut_at_limit=cut_at_limit)
 
     items = op.flat_map("split", up, split_one)
     chunks, rest = by_class("is_chunk", items, ChunkTask)

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+from tokenizers import Tokenizer
+
 from kascade.operators.backends import Graph, load_graph
 from kascade.schemas.engine import Engine
 from kascade.schemas.manifest import (
@@ -30,7 +32,6 @@ from kascade.schemas.manifest import (
     ModelManifest,
     read_manifest,
 )
-from tokenizers import Tokenizer
 
 Graphs = Literal["full", "stages"]
 
@@ -63,7 +64,9 @@ def softmax(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-@dataclass(frozen=True)
+# eq=False: one Loaded is one load (hashed by identity), so a process's encoders can be
+# cached per model without comparing tokenizers.
+@dataclass(frozen=True, eq=False)
 class Loaded:
     """A verified model directory."""
 

@@ -5,14 +5,13 @@ classifies whichever chunks land on it, one per call or in length-sorted micro-b
 from __future__ import annotations
 
 import functools
-from pathlib import Path
 
 import bytewax.operators as op
 import numpy as np
 from bytewax.dataflow import Stream, operator
 
 from kascade.operators import inflight, metrics
-from kascade.operators.encoder import Encoder, Graphs, load_model_dir, softmax
+from kascade.operators.encoder import Encoder, Graphs, Loaded, softmax
 from kascade.operators.items import ChunkResult, ChunkTask, Escalation
 from kascade.schemas import Stage
 from kascade.schemas.engine import Engine
@@ -21,15 +20,11 @@ from kascade.schemas.settings import EncoderSettings
 
 @functools.lru_cache(maxsize=2)
 def worker_encoder(
-    model_dir: str, threads: int, graphs: Graphs = "full", engine: Engine | None = None
+    model: Loaded, threads: int, graphs: Graphs = "full", engine: Engine | None = None
 ) -> Encoder:
-    """One encoder per worker process and model, created on first use.
-
-    The flow builder verifies the manifest before anything runs, so workers skip the
-    second hash pass over the graphs.
-    """
-    loaded = load_model_dir(model_dir, verify=False)
-    return Encoder(loaded, threads=threads, graphs=graphs, engine=engine)
+    """One encoder per process and model, created on first use, from the model the run
+    loaded and verified once (its manifest and tokenizer are not read again)."""
+    return Encoder(model, threads=threads, graphs=graphs, engine=engine)
 
 
 Work = ChunkTask | Escalation
@@ -100,7 +95,7 @@ def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list
 def classify(
     step_id: str,
     up: Stream[Work],
-    model_dir: Path,
+    model: Loaded,
     settings: EncoderSettings,
     engine: Engine,
     graphs: Graphs = "full",
@@ -109,7 +104,7 @@ def classify(
     ``engine`` (resolved once by the driver from ``settings``)."""
 
     def run_batch(items: list[Work]) -> list[ChunkResult]:
-        encoder = worker_encoder(str(model_dir), settings.threads, graphs, engine)
+        encoder = worker_encoder(model, settings.threads, graphs, engine)
         return _classify_all(encoder, items, settings.micro_batch)
 
     return op.flat_map_batch("full_model", up, run_batch)

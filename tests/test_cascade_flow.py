@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
+import pickle
 import shutil
 from pathlib import Path
 
@@ -11,12 +14,12 @@ from bytewax.testing import run_main
 from helpers import SMALL_CHUNKS, documents, kascade_cli, produce, texts
 
 from kascade.dataflow.consume import read_all
-from kascade.dataflow.flow import build_flow
+from kascade.dataflow.flow import build_flow, prepare
 from kascade.errors import UsageError
 from kascade.operators.calibration import Cascade
 from kascade.schemas import CascadeUse, OutputRecord
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, CascadeSpec
-from kascade.schemas.manifest import read_manifest
+from kascade.schemas.manifest import MANIFEST, TOKENIZER, read_manifest
 from kascade.schemas.settings import KafkaSettings, Settings
 from kascade.toolchain.calibrate import CalibrationTooSmall, calibrate
 
@@ -139,3 +142,36 @@ def test_asked_to_go_on_without_an_uncertified_cascade_every_record_says_so(
     assert {r.cascade for r in out} == {CascadeUse.UNCERTIFIED}
     assert all(r.chunks.full_model == r.chunks.total for r in out)
     assert "every chunk goes to the full model" in caplog.text
+
+
+@pytest.mark.kafka
+def test_a_worker_builds_from_the_prepared_run_without_opening_the_model_files_again(
+    kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
+) -> None:
+    """The run plan is resolved once: with the manifest, tokenizer and cascade.json gone
+    after ``prepare`` (the graphs stay: each process opens those), a worker's flow built
+    from the pickled plan, as the supervisor sends it, labels every document and names
+    the calibration that settled its chunks."""
+    model = tmp_path / "model"
+    shutil.copytree(calibrated, model)
+    docs = documents(12)
+    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    settings = Settings(
+        kafka=kafka_settings,
+        model_dir=model,
+        chunking={"max_tokens": 64, "overlap": 8},
+        cascade={"mode": "on", "audit_fraction": 0.5},
+    )
+    build = pickle.loads(pickle.dumps(functools.partial(build_flow, prepared=prepare(settings))))
+    in_force = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
+    for name in (MANIFEST, TOKENIZER, CASCADE_FILE):
+        (model / name).unlink()
+    run_main(build(settings))
+    out = [
+        OutputRecord.model_validate_json(v)
+        for _, v in read_all(kafka_settings, kafka_settings.output_topic)
+    ]
+    assert sorted(r.id for r in out) == sorted(d.id for d in docs)
+    assert {r.model.cascade_sha256 for r in out} == {in_force}
+    assert not any(r.degraded for r in out)
+    assert sum(r.chunks.settled_s0 + r.chunks.settled_s1 for r in out) > 0
