@@ -47,7 +47,7 @@ from kascade.dataflow.peers import (
     tell_suspended,
 )
 from kascade.dataflow.ports import free_port
-from kascade.errors import KascadeError
+from kascade.dataflow.restarts import RestartPolicy
 from kascade.logs import LogConfig
 from kascade.operators import inflight
 from kascade.schemas import suspensions
@@ -69,10 +69,6 @@ WAIT_NOTICE_S = 3.0
 LOST_PROBE_DELAY_S = 0.5
 # Bytewax (timely) prints this every second while a peer's port refuses connections.
 _TIMELY_RETRY = re.compile(r"error connecting to worker \d+")
-
-
-class WorkerFailed(KascadeError):
-    """A worker process stopped with an error; the message is the first failure's."""
 
 
 def notes_dir(recovery_dir: Path) -> Path:
@@ -139,6 +135,7 @@ def supervise(
     :mod:`kascade.dataflow.recalibration`): every worker drains, and all resume from the
     snapshot with it."""
     r = settings.restarts
+    policy = RestartPolicy(r, recoverable=settings.recovery_dir is not None)
     layout = Layout.of(settings)
     token = settings.cluster.token() if layout.hosts is not None else None
     stopping = threading.Event()
@@ -212,12 +209,11 @@ def supervise(
     if replan is not None and settings.recovery_dir is not None and layout.hosts is None:
         threading.Thread(target=watch_the_plan, name="replan", daemon=True).start()
     try:
-        restarts, wait = 0, r.backoff_s
         totals: Counter[str] = Counter()
         while True:
             began = time.monotonic()
             ending = _start_once(
-                settings, build, layout, restarts, running, stopping, control, reloading
+                settings, build, layout, policy.restarts, running, stopping, control, reloading
             )
             totals += ending.totals
             if ending.cause is None and reloading.is_set() and not stopping.is_set():
@@ -227,27 +223,23 @@ def supervise(
                 continue
             if ending.cause is None:
                 return totals
-            if time.monotonic() - began >= r.healthy_after_s:
-                restarts, wait = 0, r.backoff_s
-            if settings.recovery_dir is None or ending.fatal or stopping.is_set():
-                raise WorkerFailed(ending.cause)
-            if restarts >= r.limit:
-                raise WorkerFailed(f"{ending.cause} (gave up after {restarts} restarts)")
-            if ending.suspect is not None:
+            ran_s = time.monotonic() - began
+            wait = policy.after_failure(
+                ending.cause, fatal=ending.fatal, ran_s=ran_s, stopping=stopping.is_set()
+            )
+            if ending.suspect is not None and settings.recovery_dir is not None:
                 _count_death(settings.recovery_dir, ending.suspect, r.quarantine_after)
-            restarts += 1
             if control is not None:
                 control.state = "restarting"
             log.warning(
                 "%s; restarting the workers from the last snapshot in %g s (restart %d of %d)",
                 ending.cause,
                 wait,
-                restarts,
+                policy.restarts,
                 r.limit,
             )
             if stopping.wait(wait):
                 return totals  # stopped during the backoff: nothing was in flight
-            wait = min(wait * 2, r.backoff_max_s)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)

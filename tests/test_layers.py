@@ -91,8 +91,8 @@ ORDER = {
         *("full_model", "cascade", "reduce", "serialize"),  # the steps that compose them
     ],
     "kascade.dataflow": [
-        *("health", "ports", "local_broker", "channel", "peers", "supervisor", "kafka_io"),
-        "transactions",
+        *("health", "ports", "local_broker", "channel", "restarts", "peers", "supervisor"),
+        *("kafka_io", "transactions"),
         *("exactly_once", "consume", "sample", "flow", "recalibration", "runner", "worker"),
         "commands",
     ],
