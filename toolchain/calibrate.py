@@ -22,7 +22,7 @@ import numpy as np
 
 from kascade.errors import UsageError
 from kascade.operators.calibration import Cascade, Head
-from kascade.operators.encoder import load_model_dir
+from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.reading import STOP_PATH
 from kascade.schemas import Aggregation
 from kascade.schemas.cascade import (
@@ -293,6 +293,46 @@ def calibrate(
     engine computes other numbers, so it refuses the cascade.
     """
     engine = engine or Engine()
+    chunking = chunking or ChunkSettings()
+    _check_sizes(texts, languages, documents, epsilon_doc, delta)
+    loaded = load_model_dir(model_dir)
+    chunks_of = functools.partial(
+        extract, model_dir, max_tokens=chunking.max_tokens, overlap=chunking.overlap,
+        processes=processes, engine=engine,
+    )  # fmt: skip
+    feats = chunks_of(texts)
+    if fit_fraction is None:  # separate head text frees the calibration set for testing
+        fit_fraction = 0.0 if head_texts else 0.4
+    fit, cert = _split(feats, texts, fit_fraction, seed, epsilon, delta)
+    _warn_overlap("--head-texts", head_texts, "the certification texts", texts)
+    _warn_overlap("--documents", documents, "--texts", texts)
+    if fit_fraction == 0.0 and not head_texts:
+        raise UsageError("fit_fraction 0 needs head_texts to fit the heads on")
+    extra = chunks_of(head_texts) if head_texts else None
+    got = certify_chunks(
+        feats, fit, cert, len(loaded.manifest.labels), epsilon=epsilon, delta=delta,
+        path=path, seed=seed, extra=extra,
+    )  # fmt: skip
+    spec = _spec(
+        loaded, got, (epsilon, delta), feats, fit, cert, extra, languages, chunking, engine, name
+    )
+    if documents is None:
+        return _written(model_dir, spec)
+    return _with_document_stop(
+        model_dir, spec, feats, len(texts), documents, chunking=chunking,
+        aggregation=aggregation, epsilon=epsilon_doc, delta=delta, stop_path=stop_path,
+        seed=seed, processes=processes, engine=engine,
+    )  # fmt: skip
+
+
+def _check_sizes(
+    texts: list[str],
+    languages: list[str] | None,
+    documents: list[str] | None,
+    epsilon_doc: float,
+    delta: float,
+) -> None:
+    """Refuse, before any model runs, inputs that cannot make a certificate."""
     if languages is not None and len(languages) != len(texts):
         raise UsageError(f"{len(languages)} languages for {len(texts)} calibration texts")
     if documents is not None and len(documents) < min_accepted(epsilon_doc, delta):
@@ -302,27 +342,22 @@ def calibrate(
             f" {min_accepted(epsilon_doc, delta)} documents stopped early with no"
             " disagreement with the full read"
         )
-    chunking = chunking or ChunkSettings()
-    max_tokens, overlap = chunking.max_tokens, chunking.overlap
-    loaded = load_model_dir(model_dir)
-    m = loaded.manifest
-    chunks_of = functools.partial(
-        extract, model_dir, max_tokens=max_tokens, overlap=overlap, processes=processes,
-        engine=engine,
-    )  # fmt: skip
-    feats = chunks_of(texts)
-    n = len(feats.target)
-    if fit_fraction is None:  # separate head text frees the calibration set for testing
-        fit_fraction = 0.0 if head_texts else 0.4
+
+
+def _split(
+    feats: Features, texts: list[str], fit_fraction: float, seed: int, epsilon: float, delta: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The chunks the heads are fitted on and those the thresholds are certified on,
+    split by group of related texts; refused when too few are left to certify with."""
     text_groups = groups(texts)
     fit, cert = split_by_group(feats.source, text_groups, fit_fraction, seed)
     need = min_accepted(epsilon, delta)
     if len(cert) < need:
         kinds = len(set(text_groups))
         raise CalibrationTooSmall(
-            f"{n} calibration chunks leave {len(cert)} to certify with; epsilon={epsilon:g} at"
-            f" delta={delta:g} needs at least {need} accepted chunks with no disagreement"
-            f" (about {math.ceil(need / (1 - fit_fraction))} chunks in all"
+            f"{len(feats.target)} calibration chunks leave {len(cert)} to certify with;"
+            f" epsilon={epsilon:g} at delta={delta:g} needs at least {need} accepted chunks"
+            f" with no disagreement (about {math.ceil(need / (1 - fit_fraction))} chunks in all"
             + (
                 f"; the {len(texts)} texts share sentences so much that they make only"
                 f" {kinds} groups that can go to one side or the other"
@@ -331,25 +366,28 @@ def calibrate(
             )
             + ")"
         )
-    _warn_overlap("--head-texts", head_texts, "the certification texts", texts)
-    _warn_overlap("--documents", documents, "--texts", texts)
-    if fit_fraction == 0.0 and not head_texts:
-        raise UsageError("fit_fraction 0 needs head_texts to fit the heads on")
-    extra = None
-    if head_texts:
-        extra = chunks_of(head_texts)
-    got = certify_chunks(
-        feats, fit, cert, len(m.labels), epsilon=epsilon, delta=delta, path=path, seed=seed,
-        extra=extra,
-    )  # fmt: skip
-    s0, s1, t = got.s0.weights, got.s1.weights, got.threshold
-    accepted, disagreements = got.accepted, got.disagreements
+    return fit, cert
+
+
+def _spec(
+    loaded: Loaded,
+    got: ChunkCertificate,
+    at: tuple[float, float],  # epsilon, delta
+    feats: Features,
+    fit: np.ndarray,
+    cert: np.ndarray,
+    extra: Features | None,
+    languages: list[str] | None,
+    chunking: ChunkSettings,
+    engine: Engine,
+    name: str,
+) -> CascadeSpec:
+    """The cascade.json of certified chunk thresholds, with the report of how they held."""
+    epsilon, delta = at
+    t, accepted, disagreements = got.threshold, got.accepted, got.disagreements
     by0, by1, wrong = got.settles(feats, cert)
     n0, n1 = int(by0.sum()), int(by1.sum())
-    k0, k1 = int((wrong & by0).sum()), int((wrong & by1).sum())
     agree0, agree1 = got.agreement(feats, cert)
-    fitted0, fitted1 = got.s0, got.s1
-    yf_count = len(fit) + (0 if extra is None else len(extra.target))
     point = OperatingPoint(
         threshold_s0=s0_threshold(t),
         threshold_s1=t,
@@ -361,51 +399,69 @@ def calibrate(
         calibration_disagreements=disagreements,
     )
     report = CalibrationReport(
-        chunks=n,
-        fit=yf_count,
+        chunks=len(feats.target),
+        fit=len(fit) + (0 if extra is None else len(extra.target)),
         certify=len(cert),
         head_agreement_s0=agree0,
         head_agreement_s1=agree1,
-        head_c_s0=fitted0.c,
-        head_c_s1=fitted1.c,
+        head_c_s0=got.s0.c,
+        head_c_s1=got.s1.c,
         accepted_s0=n0,
-        disagreements_s0=k0,
+        disagreements_s0=int((wrong & by0).sum()),
         accepted_s1=n1,
-        disagreements_s1=k1,
+        disagreements_s1=int((wrong & by1).sum()),
         certified_upper_bound_at_delta=upper_bound(disagreements, accepted, delta),
         by_language={}
         if languages is None
         else by_language(np.asarray(languages)[feats.source[cert]], by0 | by1, wrong),
     )
-    spec = CascadeSpec(
+    m = loaded.manifest
+    return CascadeSpec(
         model_manifest_sha256=loaded.manifest_sha256,
         chunking=CertifiedChunking(
-            max_tokens=max_tokens,
-            overlap=overlap,
-            tokenizer_sha256=loaded.manifest.files[TOKENIZER],
+            max_tokens=chunking.max_tokens,
+            overlap=chunking.overlap,
+            tokenizer_sha256=m.files[TOKENIZER],
         ),
         engine=engine,
         cascade_layer=m.cascade_layer,
         labels=m.labels,
-        s0=s0,
-        s1=s1,
+        s0=got.s0.weights,
+        s1=got.s1.weights,
         operating_points={name: point},
         default_operating_point=name,
         report=report,
     )
-    if documents is None:
-        return _written(model_dir, spec)
+
+
+def _with_document_stop(
+    model_dir: Path,
+    spec: CascadeSpec,
+    feats: Features,
+    n_texts: int,
+    documents: list[str],
+    *,
+    chunking: ChunkSettings,
+    aggregation: Aggregation,
+    epsilon: float,
+    delta: float,
+    stop_path: tuple[StopRule, ...],
+    seed: int,
+    processes: int | None,
+    engine: Engine,
+) -> CascadeSpec:
+    """``spec`` with a document stop certified on ``documents``, written; without one
+    (written too) when none certifies, which :class:`CalibrationTooSmall` then says."""
     # The on-topic head learns from the calibration texts' chunks when those are documents
     # too; the stop is then certified on other documents, which it has not seen.
-    on_topic = (
-        fit_on_topic(feats, aggregation, seed) if len(feats.target) >= 2 * len(texts) else None
-    )
+    on_topic = fit_on_topic(feats, aggregation, seed) if len(feats.target) >= 2 * n_texts else None
     if on_topic is None:
         stop_path = tuple(r for r in stop_path if r.min_on_topic == 0)
     # The cascade a run would load from this spec, so the stop is certified on the
     # verdicts a run reaches (the runtime's own cheap stages).
     topical = None if on_topic is None else Head.of(on_topic)
-    cascade = Cascade(spec, Head.of(s0), Head.of(s1), point, topical)
+    point = spec.operating_points[spec.default_operating_point]
+    cascade = Cascade(spec, Head.of(spec.s0), Head.of(spec.s1), point, topical)
     read = functools.partial(
         read_documents, chunking=chunking, cascade=cascade, aggregation=aggregation
     )
@@ -420,7 +476,7 @@ def calibrate(
     docs = [doc for block in blocks for doc in block]
     try:
         stop = certify_stop(
-            docs, aggregation=aggregation, epsilon=epsilon_doc, delta=delta, path=stop_path
+            docs, aggregation=aggregation, epsilon=epsilon, delta=delta, path=stop_path
         )
     except CalibrationTooSmall as e:
         _written(model_dir, spec)
