@@ -7,7 +7,43 @@ from typing import Any
 
 import numpy as np
 
-from kascade.schemas import DeadLetter, KafkaHeaders, Reading, SourcePosition, Stage
+from kascade.schemas import (
+    DeadLetter,
+    DeadLetterReason,
+    KafkaHeaders,
+    Reading,
+    SourcePosition,
+    Stage,
+)
+
+
+@dataclass(frozen=True)
+class Origin:
+    """A record as it was read: made once at ingest, and the one way to make its dead
+    letter (its original bytes, key and headers, and where it was read).
+
+    >>> pos = SourcePosition(topic="t", partition=0, offset=7)
+    >>> Origin(pos, b"{}").dead_letter(DeadLetterReason.SCHEMA, "no text", "validate").source.key
+    't:0:7'
+    """
+
+    position: SourcePosition | None
+    raw: bytes | None
+    key: bytes | None = None
+    headers: KafkaHeaders = ()
+    timestamp_ms: int | None = None  # the record's Kafka timestamp: the latency clock
+
+    def dead_letter(self, reason: DeadLetterReason, detail: str, stage: str) -> DeadLetter:
+        return DeadLetter.of(
+            reason,
+            detail,
+            stage=stage,
+            raw=self.raw,
+            key=self.key,
+            source=self.position,
+            timestamp_ms=self.timestamp_ms,
+            headers=self.headers,
+        )
 
 
 @dataclass(frozen=True)

@@ -10,15 +10,16 @@ Both carry the input record's headers, plus kascade's own (``kascade-label``,
 ``kascade-model``, ``kascade-degraded``; ``kascade-reason`` on dead letters; on both,
 ``kascade-origin``: the input record they are the result of).
 
->>> out = dead_letter_value(DeadLetter.of(DeadLetterReason.EMPTY, "no value",
-...     stage="s", raw=b"", key=b"k", source=None, timestamp_ms=None,
-...     headers=[("trace", b"t-1")]), max_bytes=10_000)
+>>> dead = Origin(None, b"", b"k", [("trace", b"t-1")]).dead_letter(
+...     DeadLetterReason.EMPTY, "no value", "validate")
+>>> out = dead_letter_value(dead, max_bytes=10_000)
 >>> out.key, DeadLetter.model_validate_json(out.value).reason.value, out.headers
 (b'k', 'empty', [('trace', b't-1'), ('kascade-reason', b'empty')])
 """
 
 from __future__ import annotations
 
+from kascade.errors import KascadeError
 from kascade.operators import metrics
 from kascade.operators.formats import (
     HEADER_PREFIX,
@@ -27,11 +28,9 @@ from kascade.operators.formats import (
     kascade_headers,
     origin_header,
 )
-from kascade.operators.items import Outgoing
+from kascade.operators.items import Origin, Outgoing
 from kascade.operators.reduce import Labeled
 from kascade.schemas import DeadLetter, DeadLetterReason, OutputRecord
-
-from kascade.errors import KascadeError
 
 
 def output_value(
@@ -77,16 +76,11 @@ def _unsendable(
 ) -> DeadLetter:
     record: OutputRecord = labeled.record
     envelope = labeled.envelope
-    return DeadLetter.of(
-        reason,
-        detail,
-        stage=stage,
-        raw=value,
-        key=envelope.key if envelope and envelope.key is not None else record.id.encode(),
-        source=record.source,
-        timestamp_ms=None,
-        headers=envelope.headers if envelope else (),
-    )
+    # The input's bytes are long gone (chunks do not carry them): the dead letter holds
+    # what could not be sent, keyed and headed like the input.
+    key = envelope.key if envelope and envelope.key is not None else record.id.encode()
+    output = Origin(record.source, value, key, envelope.headers if envelope else ())
+    return output.dead_letter(reason, detail, stage)
 
 
 def dead_letter_value(dead: DeadLetter, *, max_bytes: int, topic: str | None = None) -> Outgoing:

@@ -4,9 +4,9 @@ The pure core is :func:`decode`; :func:`validate` wraps it as a Bytewax operator
 splits a stream of Kafka messages into documents and dead letters.
 
 >>> pos = SourcePosition(topic="t", partition=0, offset=7)
->>> decode(b'{"id": "d1", "text": "hi"}', key=None, position=pos, max_bytes=100).doc.id
+>>> decode(Origin(pos, b'{"id": "d1", "text": "hi"}'), max_bytes=100).doc.id
 'd1'
->>> decode(b'{"id": "d1"}', key=None, position=pos, max_bytes=100).reason.value
+>>> decode(Origin(pos, b'{"id": "d1"}'), max_bytes=100).reason.value
 'schema'
 """
 
@@ -24,13 +24,12 @@ from bytewax.dataflow import Stream, operator
 from kascade.errors import KascadeError
 from kascade.operators import inflight
 from kascade.operators.formats import Read, Reader, Unreadable
-from kascade.operators.items import Envelope
+from kascade.operators.items import Envelope, Origin
 from kascade.operators.streams import by_class
 from kascade.schemas import (
     DeadLetter,
     DeadLetterReason,
     InputDocument,
-    KafkaHeaders,
     SourcePosition,
 )
 from kascade.schemas.events import InputSettings, RegistrySettings
@@ -43,43 +42,30 @@ KASCADE_RECORDS = Reader(InputSettings(), RegistrySettings())
 
 
 def decode(
-    raw: bytes | None,
+    origin: Origin,
     *,
-    key: bytes | None,
-    position: SourcePosition | None,
     max_bytes: int,
-    timestamp_ms: int | None = None,
     stage: str = "validate",
     reader: Reader = KASCADE_RECORDS,
-    headers: KafkaHeaders = (),
 ) -> Read | DeadLetter:
-    """The document in ``raw`` (read as ``reader`` says), or a dead letter saying
-    exactly why there is none."""
-
-    def reject(reason: DeadLetterReason, detail: str) -> DeadLetter:
-        return DeadLetter.of(
-            reason,
-            detail,
-            stage=stage,
-            raw=raw,
-            key=key,
-            source=position,
-            timestamp_ms=timestamp_ms,
-            headers=headers,
-        )
-
+    """The document in the record ``origin`` (read as ``reader`` says), or a dead letter
+    saying exactly why there is none."""
+    raw = origin.raw
     if raw is None or raw == b"":
-        return reject(DeadLetterReason.EMPTY, "record has no value")
+        return origin.dead_letter(DeadLetterReason.EMPTY, "record has no value", stage)
     if len(raw) > max_bytes:
-        return reject(
-            DeadLetterReason.OVERSIZE, f"value is {len(raw)} bytes; the limit is {max_bytes}"
-        )
+        detail = f"value is {len(raw)} bytes; the limit is {max_bytes}"
+        return origin.dead_letter(DeadLetterReason.OVERSIZE, detail, stage)
     try:
-        return reader.read(
-            raw, key=key, topic=None if position is None else position.topic, headers=headers
-        )
+        topic = None if origin.position is None else origin.position.topic
+        return reader.read(raw, key=origin.key, topic=topic, headers=origin.headers)
     except Unreadable as e:
-        return reject(e.reason, e.detail)
+        return origin.dead_letter(e.reason, e.detail, stage)
+
+
+def origin_of(msg: RawMessage) -> Origin:
+    """The record a Kafka message (or a consumer error's message) carries."""
+    return Origin(_position(msg), msg.value, msg.key, list(msg.headers or ()), _timestamp_ms(msg))
 
 
 def _position(msg: RawMessage) -> SourcePosition | None:
@@ -97,33 +83,29 @@ def _timestamp_ms(msg: RawMessage) -> int | None:
 
 @dataclass(frozen=True)
 class Received:
-    """A valid document and where it came from; the latency clock starts at ``timestamp_ms``."""
+    """A valid document and the record it came from (whose bytes a later stage's dead
+    letter carries); the latency clock starts at its timestamp."""
 
     doc: InputDocument
-    position: SourcePosition | None
-    timestamp_ms: int | None
-    raw: bytes  # the original value, for a dead letter if a later stage rejects it
-    key: bytes | None = None
-    headers: KafkaHeaders = ()
+    origin: Origin
     event: Any = None  # the decoded input event, kept for enriched output
     schema_id: int | None = None
 
     @property
+    def position(self) -> SourcePosition | None:
+        return self.origin.position
+
+    @property
+    def timestamp_ms(self) -> int | None:
+        return self.origin.timestamp_ms
+
+    @property
     def envelope(self) -> Envelope:
-        return Envelope(self.key, self.headers, self.event, self.schema_id)
+        return Envelope(self.origin.key, self.origin.headers, self.event, self.schema_id)
 
     def dead_letter(self, reason: DeadLetterReason, detail: str, stage: str) -> DeadLetter:
         """A later stage's rejection of this record, with its original bytes."""
-        return DeadLetter.of(
-            reason,
-            detail,
-            stage=stage,
-            raw=self.raw,
-            key=self.key,
-            source=self.position,
-            timestamp_ms=self.timestamp_ms,
-            headers=self.headers,
-        )
+        return self.origin.dead_letter(reason, detail, stage)
 
 
 def failure(e: BaseException) -> str:
@@ -145,55 +127,22 @@ def check(
     ``condemned`` names records that killed worker processes before (by topic,
     partition, offset, with why): they are dead-lettered unread.
     """
-    position = _position(msg)
-    ts = _timestamp_ms(msg)
-    headers = list(msg.headers or ())
-
-    def reject(reason: DeadLetterReason, detail: str) -> DeadLetter:
-        return DeadLetter.of(
-            reason,
-            detail,
-            stage=stage,
-            raw=msg.value,
-            key=msg.key,
-            source=position,
-            timestamp_ms=ts,
-            headers=headers,
-        )
-
+    origin = origin_of(msg)
+    position = origin.position
     if condemned and position is not None:
         why = condemned.get((position.topic, position.partition, position.offset))
         if why is not None:
-            return reject(DeadLetterReason.WORKER_DIED, why)
+            return origin.dead_letter(DeadLetterReason.WORKER_DIED, why, stage)
     try:
         with inflight.inside(position, stage):
-            result = decode(
-                msg.value,
-                key=msg.key,
-                position=position,
-                max_bytes=max_bytes,
-                timestamp_ms=ts,
-                stage=stage,
-                reader=reader,
-                headers=headers,
-            )
+            result = decode(origin, max_bytes=max_bytes, stage=stage, reader=reader)
     except KascadeError:
         raise  # not about this record: the job cannot go on as configured
     except Exception as e:  # whatever else a record can do to a parser is data too
-        return reject(DeadLetterReason.PROCESSING, failure(e))
+        return origin.dead_letter(DeadLetterReason.PROCESSING, failure(e), stage)
     if isinstance(result, DeadLetter):
         return result
-    assert msg.value is not None  # decode() dead-letters empty values
-    return Received(
-        doc=result.doc,
-        position=position,
-        timestamp_ms=ts,
-        raw=msg.value,
-        key=msg.key,
-        headers=headers,
-        event=result.event,
-        schema_id=result.schema_id,
-    )
+    return Received(result.doc, origin, event=result.event, schema_id=result.schema_id)
 
 
 @dataclass(frozen=True)
@@ -232,16 +181,6 @@ def kafka_errors(
     """Consumer errors as dead letters, keeping the bytes librdkafka handed over."""
 
     def to_dead_letter(err: KafkaError[bytes | None, bytes | None]) -> DeadLetter:
-        msg = err.msg
-        return DeadLetter.of(
-            DeadLetterReason.KAFKA_ERROR,
-            str(err.err),
-            stage=step_id,
-            raw=msg.value,
-            key=msg.key,
-            source=_position(msg),
-            timestamp_ms=_timestamp_ms(msg),
-            headers=list(msg.headers or ()),
-        )
+        return origin_of(err.msg).dead_letter(DeadLetterReason.KAFKA_ERROR, str(err.err), step_id)
 
     return op.map("to_dead_letter", up, to_dead_letter)

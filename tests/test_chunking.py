@@ -7,6 +7,7 @@ import itertools
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kascade.operators.chunking import (
     ChunkLimitExceeded,
     SpecialTokens,
@@ -14,6 +15,7 @@ from kascade.operators.chunking import (
     windows,
 )
 from kascade.operators.encoder import load_tokenizer
+from kascade.operators.items import Origin
 
 
 @given(n=st.integers(0, 3000), size=st.integers(1, 600), data=st.data())
@@ -132,10 +134,8 @@ def test_a_tokenizer_that_panics_dead_letters_the_record_instead_of_stopping_the
 
     doc = InputDocument(id="d", text="any text")
     r = Received(
-        doc=doc,
-        position=SourcePosition(topic="in", partition=0, offset=3),
-        timestamp_ms=None,
-        raw=doc.model_dump_json().encode(),
+        doc,
+        Origin(SourcePosition(topic="in", partition=0, offset=3), doc.model_dump_json().encode()),
     )
     specials = SpecialTokens.of(tokenizer)
     (dead,) = split(r, PanickingTokenizer(tokenizer), specials, ChunkSettings(), stage="chunk")

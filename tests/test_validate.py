@@ -7,7 +7,9 @@ import json
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kascade.operators.formats import Read
+from kascade.operators.items import Origin
 from kascade.operators.validate import decode
 from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, SourcePosition
 
@@ -15,7 +17,7 @@ POS = SourcePosition(topic="in", partition=1, offset=42)
 
 
 def _decode(raw: bytes | None, max_bytes: int = 1000) -> InputDocument | DeadLetter:
-    out = decode(raw, key=b"k", position=POS, max_bytes=max_bytes, timestamp_ms=5)
+    out = decode(Origin(POS, raw, b"k", timestamp_ms=5), max_bytes=max_bytes)
     return out.doc if isinstance(out, Read) else out
 
 
