@@ -52,7 +52,7 @@ def condemned(settings: Settings) -> dict[Coordinates, str]:
 def ingest(flow: Dataflow, settings: Settings) -> tuple[Stream[Received], Stream[DeadLetter]]:
     """Kafka input decoded into documents, plus dead letters for what could not be read."""
     raw = op.input("kafka_in", flow, source(settings.kafka, [settings.kafka.input_topic]))
-    consumer_failed, read = by_class("kafka_ok", raw, KafkaError)
+    consumer_failed, read = by_class("kafka_error", raw, KafkaError)
     reader = Reader(
         settings.input, settings.registry, keep_event=settings.output.shape == "enriched"
     )
@@ -315,6 +315,6 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
         records,
         lambda r: output_value(r, writer, max_bytes=limit, stage="serialize"),
     )
-    unsendable, sendable = by_class("sendable", serialized, DeadLetter)
+    unsendable, sendable = by_class("unsendable", serialized, DeadLetter)
     deliver(sendable, op.merge("all_dead", dead, chunked.dead, unsendable, *late_dead), settings)
     return flow

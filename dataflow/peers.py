@@ -44,15 +44,26 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from http import HTTPStatus
 
-from kascade.schemas.records import LANGUAGE_TAG
-
 from kascade.errors import KascadeError
+from kascade.schemas.records import LANGUAGE_TAG
 
 log = logging.getLogger(__name__)
 
 NOT_ANSWERING = "not answering"
+
+
+class State(StrEnum):
+    """What a process answers on ``GET /state`` (one word: a peer reads it back)."""
+
+    WAITING = "waiting"  # its dataflow is not connected to every peer yet
+    RUNNING = "running"
+    RESTARTING = "restarting"  # its workers died; they start again from the snapshot
+    DRAINING = "draining"  # finishing what it holds, then exiting
+
+
 # How long a connection may take to send its request (a slow or idle one is closed).
 READ_TIMEOUT_S = 2.0
 # Refused drains are logged with their source, at most one line this often.
@@ -163,7 +174,7 @@ class ControlServer:
         on_suspend: Callable[[str, str], None] | None = None,
     ) -> None:
         host, port = control_address(address, offset)
-        self.state = "waiting"
+        self.state = State.WAITING
         self._on_drain = on_drain
         self._on_suspend = on_suspend
         self._expected = f"Bearer {token}".encode()
@@ -213,7 +224,7 @@ class ControlServer:
         if method == "GET" and path == "/state":
             return 200, self.state
         if method == "GET" and path == "/ready":
-            return (200 if self.state == "running" else 503), self.state
+            return (200 if self.state == State.RUNNING else 503), self.state
         route, _, query = path.partition("?")
         if route not in ("/drain", "/suspend"):
             return 404, "not found"
@@ -228,7 +239,7 @@ class ControlServer:
         if route == "/drain":
             log.warning("drain requested by %s", client)
             self._loop.call_soon(self._on_drain)
-            return 200, "draining"
+            return 200, State.DRAINING
         return self._suspend(query, client)
 
     def _suspend(self, query: str, client: str) -> tuple[int, str]:

@@ -2,16 +2,17 @@
 
 One process per worker (Bytewax cluster mode on 127.0.0.1 ports), or, in a job spread
 over several hosts (``addresses``, ``process_id``), this host's one process of the
-cluster. Their stderr is relayed; once one fails, its siblings' lines at losing it are
-held back so the first cause is what is read, and a process that lost a peer on another
-host says which (:mod:`~kascade.dataflow.peers`). A cluster that has not formed within
+cluster. Each tells the supervisor it joined, what it did and why it failed on a channel
+of its own (:mod:`~kascade.dataflow.channel`); their output is relayed, and once one
+fails, its siblings' lines at losing it are held back so the first cause is what is
+read; a process that lost a peer on another host says which
+(:mod:`~kascade.dataflow.peers`). A cluster that has not formed within
 ``cluster.connect_timeout_s`` is one line and exit 1. SIGTERM/SIGINT drains them (the
-whole cluster, when spread over hosts). With a recovery directory a run
-whose worker died starts again from the last snapshot, after a backoff that doubles,
-at most ``restarts.limit`` times in a row; a run that lasted ``restarts.healthy_after_s``
-resets the count. A record a worker died inside (:mod:`kascade.operators.inflight`)
-is counted in the recovery directory's quarantine; after ``restarts.quarantine_after``
-deaths the restarted flow dead-letters it instead of dying on it again.
+whole cluster, when spread over hosts). With a recovery directory a run whose worker
+died starts again from the last snapshot, as :mod:`~kascade.dataflow.restarts` rules. A
+record a worker died inside (:mod:`kascade.operators.inflight`) is counted in the
+recovery directory's quarantine; after ``restarts.quarantine_after`` deaths the
+restarted flow dead-letters it instead of dying on it again.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from kascade.dataflow.peers import (
     NOT_ANSWERING,
     ControlServer,
     Peer,
+    State,
     ask_to_drain,
     describe,
     peers_of,
@@ -160,7 +162,7 @@ def supervise(
     def stop() -> None:
         stopping.set()
         if control is not None:
-            control.state = "draining"
+            control.state = State.DRAINING
         for p in running:
             if p.poll() is None:
                 p.send_signal(signal.SIGINT)  # workers drain on SIGINT (Bytewax's interrupt)
@@ -230,7 +232,7 @@ def supervise(
             if ending.suspect is not None and settings.recovery_dir is not None:
                 _count_death(settings.recovery_dir, ending.suspect, r.quarantine_after)
             if control is not None:
-                control.state = "restarting"
+                control.state = State.RESTARTING
             log.warning(
                 "%s; restarting the workers from the last snapshot in %g s (restart %d of %d)",
                 ending.cause,
@@ -356,7 +358,7 @@ def _start_once(
                 if p.poll() is None:
                     p.send_signal(signal.SIGINT)
         if control is not None and not stopping.is_set():
-            control.state = "running" if joined else "waiting"
+            control.state = State.RUNNING if joined else State.WAITING
         failed = [i for i, p in procs.items() if p.poll() not in (None, 0)]
         if failed and not stopping.is_set():
             _terminate(list(procs.values()))
@@ -433,7 +435,7 @@ def _failure(
 def _lost(peers: list[Peer]) -> str:
     time.sleep(LOST_PROBE_DELAY_S)  # a peer whose worker died says "restarting" by then
     found = states(peers)
-    gone = describe(found, want=lambda s: s != "running")
+    gone = describe(found, want=lambda s: s != State.RUNNING)
     if gone:
         return f"lost {gone}"
     return f"lost the cluster's connection ({describe(found, want=bool)})"
