@@ -21,12 +21,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+
+from bench.env import environment
 from kascade.operators import backends
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas.engine import ENGINES, Engine
 from kascade.schemas.files import write_text_atomically
-
-from bench.env import environment
 
 SETTINGS = (
     ("1 thread, batch 1", 1, 1),
@@ -78,8 +78,9 @@ def onnx_rows(model: Path, engine: Engine, seqs: list[np.ndarray], texts: list[s
 
 def torch_rows(checkpoint: Path, seqs: list[np.ndarray], texts: list[str]):
     import torch
-    from kascade.toolchain.checkpoint import load_classifier
     from transformers import AutoTokenizer
+
+    from kascade.toolchain.checkpoint import load_classifier
 
     model = load_classifier(str(checkpoint))  # the model the exporter traced
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
@@ -122,7 +123,7 @@ def main() -> None:
     ref_enc = Encoder(ref_loaded, threads=2)
     ref = np.array([int(ref_enc.logits(ref_loaded.encode(t)).argmax()) for t in texts])
     rows = []
-    here = [e for e in ENGINES if backends.runs_here(e)]
+    here = backends.engines_here()
     skipped = [e.name for e in ENGINES if e not in here]
     for model in args.model:
         for engine in here:

@@ -45,15 +45,15 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from kascade.dataflow.kafka_io import SINK_CONFIG, KafkaUnavailable, client_config
+
+from kascade.dataflow.kafka_io import SINK_CONFIG, KafkaUnavailable, client_config, headers_of
 from kascade.dataflow.transactions import Committer, TransactionFailed, transactional_config
+from kascade.errors import UsageError
 from kascade.operators import metrics
 from kascade.operators.formats import ORIGIN_HEADER
 from kascade.operators.items import Outgoing
 from kascade.schemas import SourcePosition
 from kascade.schemas.settings import KafkaSettings
-
-from kascade.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ def committed_since(
                 if offset >= ends[tp][1]:  # the end event's offset is the next one
                     todo.discard(tp)
                 continue
-            origin = dict(msg.headers() or ()).get(ORIGIN_HEADER)
+            origin = dict(headers_of(msg)).get(ORIGIN_HEADER)
             if isinstance(origin, bytes) and origin.startswith(origin_prefix.encode()):
                 found.add(origin.decode(errors="replace"))
             if offset + 1 >= ends[tp][1]:

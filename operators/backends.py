@@ -19,11 +19,11 @@ from typing import Any, Protocol
 
 import numpy as np
 import onnxruntime as ort
-from kascade.schemas.engine import Backend, Engine, Precision
-from kascade.schemas.manifest import ModelManifest
-from kascade.schemas.settings import EncoderSettings
 
 from kascade.errors import UsageError
+from kascade.schemas.engine import ENGINES, Backend, Engine, Precision
+from kascade.schemas.manifest import ModelManifest
+from kascade.schemas.settings import EncoderSettings
 
 
 class Graph(Protocol):
@@ -123,6 +123,11 @@ def runs_here(engine: Engine) -> bool:
         return True
     capabilities = host_capabilities()
     return bool(capabilities) and (engine.precision is Precision.FP32 or "BF16" in capabilities)
+
+
+def engines_here() -> tuple[Engine, ...]:
+    """Every engine kascade has (:data:`ENGINES`) that this host runs, in that order."""
+    return tuple(e for e in ENGINES if runs_here(e))
 
 
 def searched(manifest: ModelManifest) -> Engine | None:

@@ -83,7 +83,7 @@ def stop_label(rule: StopRule, seen: Sequence[Seen], aggregation: Aggregation) -
     ``None`` to read on."""
     window = seen[-rule.min_chunks :]
     if len(seen) < rule.min_chunks or not all(
-        c.settled and c.probs is not None and c.on_topic >= rule.min_on_topic for c in window
+        c.settled and c.on_topic >= rule.min_on_topic for c in window
     ):
         return None
     answers = [c.probs for c in seen if c.probs is not None]

@@ -14,6 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any, get_args
 
+from pydantic import ValidationError
+
+from kascade.arguments import positive, probability
+from kascade.errors import UsageError
 from kascade.schemas import Aggregation
 from kascade.schemas.cascade import DEFAULT_DELTA, DEFAULT_EPSILON
 from kascade.schemas.engine import Engine
@@ -21,10 +25,6 @@ from kascade.schemas.files import write_text_atomically
 from kascade.schemas.manifest import read_manifest
 from kascade.schemas.settings import ChunkSettings, EncoderSettings, settings_error
 from kascade.toolchain.train_config import TrainConfig, add_train_flags
-from pydantic import ValidationError
-
-from kascade.arguments import positive, probability
-from kascade.errors import UsageError
 
 
 def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
@@ -208,10 +208,7 @@ def _engines(given: str) -> tuple[Engine, ...]:
     from kascade.operators import backends
 
     if given == "all":
-        everything = [
-            Engine.parse(n) for n in ("onnxruntime/fp32", "openvino/fp32", "openvino/bf16")
-        ]
-        return tuple(e for e in everything if backends.runs_here(e))
+        return backends.engines_here()
     try:
         engines = tuple(Engine.parse(n.strip()) for n in given.split(",") if n.strip())
     except ValueError as e:

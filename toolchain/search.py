@@ -22,17 +22,17 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from tqdm import tqdm
+
+from kascade.errors import UsageError
 from kascade.operators import backends
-from kascade.schemas.engine import ENGINES, Backend, Engine, Precision
+from kascade.schemas.engine import Engine, Precision
 from kascade.schemas.manifest import FULL_GRAPH, ModelManifest, read_manifest
 from kascade.toolchain.data import Examples
 from kascade.toolchain.evaluate import macro_f1, score
 from kascade.toolchain.graphs import refuse_existing
 from kascade.toolchain.measure import Run, run, run_graph, size_mb, tokenize
 from kascade.toolchain.quantize import PRESETS, Recipe, quantize_dir, quantize_graph, weight_matmuls
-from tqdm import tqdm
-
-from kascade.errors import UsageError
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +240,4 @@ def search(
 
 def bf16_engines() -> list[Engine]:
     """The bf16 engines this host runs (none without OpenVINO or bf16 units)."""
-    return [
-        e for e in ENGINES
-        if e.backend is Backend.OPENVINO and e.precision is Precision.BF16 and backends.runs_here(e)
-    ]  # fmt: skip
+    return [e for e in backends.engines_here() if e.precision is Precision.BF16]
