@@ -116,10 +116,28 @@ def output_count(settings: KafkaSettings) -> int:
     return len(read_all(settings, settings.output_topic))
 
 
-def output_ids(settings: KafkaSettings) -> list[str]:
+def send(settings: KafkaSettings, docs: list[InputDocument]) -> None:
+    """``docs`` to the input topic, each keyed by its id."""
+    produce(settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+
+
+def outputs(settings: KafkaSettings) -> list[OutputRecord]:
+    """Every record on the output topic, in the order read."""
     return [
-        OutputRecord.model_validate_json(v).id for _, v in read_all(settings, settings.output_topic)
+        OutputRecord.model_validate_json(v) for _, v in read_all(settings, settings.output_topic)
     ]
+
+
+def labeled(settings: KafkaSettings) -> dict[str, list[OutputRecord]]:
+    """Every result on the output topic, by document id, in the order written."""
+    records: dict[str, list[OutputRecord]] = {}
+    for r in outputs(settings):
+        records.setdefault(r.id, []).append(r)
+    return records
+
+
+def output_ids(settings: KafkaSettings) -> list[str]:
+    return [r.id for r in outputs(settings)]
 
 
 # An opening that is not about the document's topic (a forwarded mail's headers).

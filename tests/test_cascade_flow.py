@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 from bytewax.testing import run_main
-from helpers import SMALL_CHUNKS, documents, kascade_cli, produce, texts
+from helpers import SMALL_CHUNKS, documents, kascade_cli, outputs, send, texts
 
-from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow, prepare
 from kascade.errors import UsageError
 from kascade.operators.calibration import Cascade
-from kascade.schemas import CascadeUse, OutputRecord
+from kascade.schemas import CascadeUse
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, CascadeSpec
 from kascade.schemas.manifest import MANIFEST, TOKENIZER, read_manifest
 from kascade.schemas.settings import KafkaSettings, Settings
@@ -66,23 +65,25 @@ def test_too_little_calibration_text_is_refused_with_the_numbers(
     assert len(r.stderr.strip().splitlines()) == 1 and "calibration chunks" in r.stderr
 
 
+def _cascade_on(kafka_settings: KafkaSettings, model_dir: Path) -> Settings:
+    """A run with the calibration's chunking and the cascade on, auditing half."""
+    return Settings(
+        kafka=kafka_settings,
+        model_dir=model_dir,
+        chunking={"max_tokens": 64, "overlap": 8},
+        cascade={"mode": "on", "audit_fraction": 0.5},
+    )
+
+
 @pytest.mark.kafka
 def test_the_cascade_settles_chunks_and_every_document_still_gets_one_label(
     kafka_settings: KafkaSettings, calibrated: Path
 ) -> None:
     docs = documents(40)
-    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
-    settings = Settings(
-        kafka=kafka_settings,
-        model_dir=calibrated,
-        chunking={"max_tokens": 64, "overlap": 8},
-        cascade={"mode": "on", "audit_fraction": 0.5},
-    )
+    send(kafka_settings, docs)
+    settings = _cascade_on(kafka_settings, calibrated)
     run_main(build_flow(settings))
-    out = [
-        OutputRecord.model_validate_json(v)
-        for _, v in read_all(kafka_settings, kafka_settings.output_topic)
-    ]
+    out = outputs(kafka_settings)
     assert sorted(r.id for r in out) == sorted(d.id for d in docs)
     for r in out:
         c = r.chunks
@@ -126,7 +127,7 @@ def test_asked_to_go_on_without_an_uncertified_cascade_every_record_says_so(
     kafka_settings: KafkaSettings, calibrated: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     docs = documents(6)
-    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
+    send(kafka_settings, docs)
     settings = Settings(
         kafka=kafka_settings,
         model_dir=calibrated,
@@ -134,10 +135,7 @@ def test_asked_to_go_on_without_an_uncertified_cascade_every_record_says_so(
         cascade={"if_uncertified": "full_model"},
     )
     run_main(build_flow(settings))
-    out = [
-        OutputRecord.model_validate_json(v)
-        for _, v in read_all(kafka_settings, kafka_settings.output_topic)
-    ]
+    out = outputs(kafka_settings)
     assert sorted(r.id for r in out) == sorted(d.id for d in docs)
     assert {r.cascade for r in out} == {CascadeUse.UNCERTIFIED}
     assert all(r.chunks.full_model == r.chunks.total for r in out)
@@ -155,22 +153,14 @@ def test_a_worker_builds_from_the_prepared_run_without_opening_the_model_files_a
     model = tmp_path / "model"
     shutil.copytree(calibrated, model)
     docs = documents(12)
-    produce(kafka_settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
-    settings = Settings(
-        kafka=kafka_settings,
-        model_dir=model,
-        chunking={"max_tokens": 64, "overlap": 8},
-        cascade={"mode": "on", "audit_fraction": 0.5},
-    )
+    send(kafka_settings, docs)
+    settings = _cascade_on(kafka_settings, model)
     build = pickle.loads(pickle.dumps(functools.partial(build_flow, prepared=prepare(settings))))
     in_force = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
     for name in (MANIFEST, TOKENIZER, CASCADE_FILE):
         (model / name).unlink()
     run_main(build(settings))
-    out = [
-        OutputRecord.model_validate_json(v)
-        for _, v in read_all(kafka_settings, kafka_settings.output_topic)
-    ]
+    out = outputs(kafka_settings)
     assert sorted(r.id for r in out) == sorted(d.id for d in docs)
     assert {r.model.cascade_sha256 for r in out} == {in_force}
     assert not any(r.degraded for r in out)

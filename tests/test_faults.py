@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 from crashing_flow import MARK
-from helpers import documents, kascade_run, output_count, output_ids, produce
+from helpers import documents, kascade_run, output_count, output_ids, produce, send
 
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.kafka_io import create_topics
@@ -34,10 +34,6 @@ FAST_RESTARTS = ("--restarts.backoff-s", "0.2", "--snapshot-interval-s", "0.5")
 
 def many(n: int, prefix: str = "d") -> list[InputDocument]:
     return [InputDocument(id=f"{prefix}-{i}", text=d.text) for i, d in enumerate(documents(9) * n)]
-
-
-def send(settings: KafkaSettings, docs: list[InputDocument]) -> None:
-    produce(settings, [(d.id.encode(), d.model_dump_json().encode()) for d in docs])
 
 
 def wait_for_outputs(settings: KafkaSettings, n: int, proc: subprocess.Popen, timeout_s: float):

@@ -15,13 +15,23 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import SMALL_CHUNKS, TINY_PATH, kascade_cli, kascade_run, output_ids, produce, texts
+from helpers import (
+    SMALL_CHUNKS,
+    TINY_PATH,
+    kascade_cli,
+    kascade_run,
+    labeled,
+    output_ids,
+    produce,
+    send,
+    texts,
+)
 from tiny_models import CORPUS
 
 from bench.guarantee import audits
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.ports import free_port
-from kascade.schemas import CascadeUse, DeadLetter, InputDocument, OutputRecord
+from kascade.schemas import CascadeUse, DeadLetter, InputDocument
 from kascade.schemas.cascade import CASCADE_FILE
 from kascade.schemas.settings import KafkaSettings
 from kascade.toolchain.calibrate import calibrate
@@ -56,19 +66,6 @@ def word_salad(n: int) -> list[str]:
 
 def docs(prefix: str, pool: list[str], n: int) -> list[InputDocument]:
     return [InputDocument(id=f"{prefix}-{i}", text=pool[i % len(pool)]) for i in range(n)]
-
-
-def labeled(k: KafkaSettings) -> dict[str, list[OutputRecord]]:
-    """Every result on the output topic, by document id, in the order written."""
-    records: dict[str, list[OutputRecord]] = {}
-    for _, v in read_all(k, k.output_topic):
-        r = OutputRecord.model_validate_json(v)
-        records.setdefault(r.id, []).append(r)
-    return records
-
-
-def send(k: KafkaSettings, batch: list[InputDocument]) -> None:
-    produce(k, [(d.id.encode(), d.model_dump_json().encode()) for d in batch])
 
 
 def wait_for(k: KafkaSettings, ids: set[str], job, timeout_s: float = 240) -> None:
