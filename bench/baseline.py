@@ -29,11 +29,6 @@ from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
-from kascade.dataflow.local_broker import ensure_local_broker
-from kascade.operators.encoder import load_model_dir
-from kascade.schemas import InputDocument
-from kascade.schemas.files import write_text_atomically
-from kascade.schemas.settings import KafkaSettings
 
 from bench.chunks import long_documents
 from bench.flow import (
@@ -43,6 +38,11 @@ from bench.flow import (
     output_labels,
     send,
 )
+from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.operators.encoder import load_model_dir
+from kascade.schemas import InputDocument
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.kafka import KafkaSettings
 
 
 def naive_consumer(
@@ -127,9 +127,10 @@ def accuracy(k: KafkaSettings, gold: dict[str, str]) -> float:
 
 def random_init_checkpoint(fp32: Path, out: Path) -> Path:
     """The seeded random-init checkpoint an FP32 export of an architecture was made from."""
+    from transformers import AutoTokenizer
+
     from kascade.toolchain.architectures import random_classifier
     from kascade.toolchain.export import bundled_tokenizer
-    from transformers import AutoTokenizer
 
     manifest = load_model_dir(fp32).manifest
     if not manifest.source.startswith("random-init:"):

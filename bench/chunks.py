@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir, softmax
 from kascade.operators.reduce import ChunkVerdict, aggregate

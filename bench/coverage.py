@@ -25,15 +25,15 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+from bench.env import environment
+from bench.sib200 import read
 from kascade.operators.encoder import load_model_dir
 from kascade.schemas.settings import ChunkSettings
 from kascade.toolchain.calibrate import certify_chunks
 from kascade.toolchain.certify import CalibrationTooSmall
 from kascade.toolchain.features import extract
 from kascade.toolchain.overlap import groups, split_by_group
-
-from bench.env import environment
-from bench.sib200 import read
 
 
 def pool(data: Path, per_language: int, seed: int) -> tuple[list[str], list[str], list[int]]:

@@ -16,10 +16,10 @@ import time
 from pathlib import Path
 
 import psutil
-from kascade.schemas.files import write_text_atomically
 
 from bench import load
 from bench.env import environment
+from kascade.schemas.files import write_text_atomically
 
 # name, kascade run flags, loads measured
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {

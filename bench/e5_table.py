@@ -13,9 +13,8 @@ import json
 import statistics
 from pathlib import Path
 
-from kascade.schemas.files import write_text_atomically
-
 from bench.plots import plt, save  # plots selects the Agg backend before pyplot loads
+from kascade.schemas.files import write_text_atomically
 
 
 def by_variant(eval_dir: Path) -> dict[str, dict[str, dict]]:

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
+
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.kafka_io import fresh_topics as kafka_fresh_topics
 from kascade.dataflow.local_broker import ensure_local_broker
@@ -35,7 +36,7 @@ from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas import InputDocument
 from kascade.schemas.files import write_text_atomically
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 from kascade.toolchain.data import read_examples
 
 
@@ -133,6 +134,7 @@ def cpu_s() -> float:
 
 def overhead(model: Path, docs: list[InputDocument], brokers: str, chunk_tokens: int) -> dict:
     from bytewax.testing import run_main
+
     from kascade.dataflow.flow import build_flow
     from kascade.schemas.settings import Settings
 

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+
 from kascade.schemas.files import write_text_atomically
 from kascade.toolchain.data import read_examples
 from kascade.toolchain.measure import run, tokenize

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas.files import write_text_atomically
 from kascade.toolchain.measure import peak_rss_mb, size_mb

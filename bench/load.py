@@ -41,7 +41,7 @@ from kascade.dataflow.ports import free_port
 from kascade.operators.encoder import load_model_dir
 from kascade.schemas import InputDocument
 from kascade.schemas.files import write_text_atomically
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 LANGUAGES = (
     "eng_Latn", "deu_Latn", "fra_Latn", "spa_Latn", "rus_Cyrl", "zho_Hans", "arb_Arab", "hin_Deva",

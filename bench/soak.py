@@ -27,13 +27,13 @@ from pathlib import Path
 
 import psutil
 from confluent_kafka import Consumer, TopicPartition
-from kascade.dataflow.local_broker import ensure_local_broker
-from kascade.schemas import InputDocument
-from kascade.schemas.files import write_text_atomically
-from kascade.schemas.settings import KafkaSettings
 
 from bench.env import environment
 from bench.flow import fresh_topics, send
+from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.schemas import InputDocument
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.kafka import KafkaSettings
 
 
 def sentences(data: Path) -> list[str]:

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 import onnx
+
 from kascade.operators.encoder import load_model_dir
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.manifest import FULL_GRAPH, STAGE_GRAPHS, WEIGHTS

@@ -14,17 +14,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+from pydantic_settings import SettingsError
+
+from kascade.arguments import at_most, positive
+from kascade.errors import UsageError
 from kascade.schemas.settings import (
     Settings,
     add_settings_flags,
     load_settings,
     settings_error,
 )
-from pydantic import ValidationError
-from pydantic_settings import SettingsError
-
-from kascade.arguments import at_most, positive
-from kascade.errors import UsageError
 
 # Short forms of the most used settings, so everyday command lines stay short.
 SHORT_FLAGS = {

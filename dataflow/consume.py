@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from kascade.dataflow.kafka_io import client_config, headers_of
 from kascade.operators.items import Outgoing
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 
 def read_all(

@@ -53,7 +53,7 @@ from kascade.operators import metrics
 from kascade.operators.formats import ORIGIN_HEADER
 from kascade.operators.items import Outgoing
 from kascade.schemas import SourcePosition
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 log = logging.getLogger(__name__)
 

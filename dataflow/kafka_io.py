@@ -36,7 +36,7 @@ from kascade.dataflow.channel import announce_joined
 from kascade.dataflow.health import LINK, FoldConnectionErrors, means_unreachable
 from kascade.errors import KascadeError, UsageError
 from kascade.operators.items import Outgoing
-from kascade.schemas.settings import KafkaSettings, is_secret
+from kascade.schemas.kafka import KafkaSettings, is_secret
 
 log = logging.getLogger(__name__)
 # librdkafka's own log lines, routed into Python logging instead of raw stderr; its

@@ -17,10 +17,9 @@ import logging
 from pathlib import Path
 
 from kascade.dataflow.flow import Prepared, prepare
+from kascade.errors import KascadeError
 from kascade.schemas.cascade import CASCADE_FILE
 from kascade.schemas.settings import Settings
-
-from kascade.errors import KascadeError
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ settings, broker or model: a restart would fail alike), a job without a recovery
 directory (a restart could not resume), a job that is stopping, or one that failed
 ``limit`` times in a row.
 
->>> from kascade.schemas.settings import RestartSettings
+>>> from kascade.schemas.cluster import RestartSettings
 >>> policy = RestartPolicy(RestartSettings(limit=2, backoff_s=1, backoff_max_s=1.5))
 >>> [policy.after_failure("worker 0 died", fatal=False, ran_s=1) for _ in range(2)]
 [1.0, 1.5]
@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kascade.errors import KascadeError
-from kascade.schemas.settings import RestartSettings
+from kascade.schemas.cluster import RestartSettings
 
 
 class WorkerFailed(KascadeError):

@@ -43,7 +43,8 @@ from kascade.operators.registry import check_registry
 from kascade.operators.validate import Received, check
 from kascade.schemas import DeadLetter
 from kascade.schemas.files import atomic_writer
-from kascade.schemas.settings import KafkaSettings, Settings
+from kascade.schemas.kafka import KafkaSettings
+from kascade.schemas.settings import Settings
 
 # Records read per record wanted: room for dead letters and for balancing languages.
 OVERREAD = 4

@@ -18,8 +18,8 @@ import traceback
 from kascade import logs
 from kascade.dataflow import channel
 from kascade.dataflow.channel import Event, Note
+from kascade.dataflow.processes import FATAL_EXIT, PEER_LOST_EXIT, Orders, notes_dir
 from kascade.dataflow.runner import run_process
-from kascade.dataflow.supervisor import FATAL_EXIT, PEER_LOST_EXIT, Orders, notes_dir
 from kascade.errors import kascade_error_in
 from kascade.operators import inflight, metrics
 

@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 import numpy as np
+
 from kascade.schemas import Aggregation
 
 

@@ -15,9 +15,9 @@ from typing import TypeVar
 from urllib.parse import urlsplit
 
 from confluent_kafka.schema_registry import SchemaRegistryClient, SchemaRegistryError
-from kascade.schemas.events import RegistrySettings
 
 from kascade.errors import KascadeError
+from kascade.schemas.events import RegistrySettings
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import math
 
-from kascade.schemas.engine import Engine
-from kascade.schemas.records import Aggregation
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kascade.errors import UsageError
+from kascade.schemas.engine import Engine
+from kascade.schemas.records import Aggregation
 
 CASCADE_FILE = "cascade.json"
 # The guarantee kascade calibrate certifies unless told otherwise.

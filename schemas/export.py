@@ -11,9 +11,10 @@ import json
 import sys
 from pathlib import Path
 
+from pydantic import BaseModel
+
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.records import DeadLetter, InputDocument, OutputRecord
-from pydantic import BaseModel
 
 SCHEMA_DIR = Path(__file__).parent / "json"
 CONTRACTS: dict[str, type[BaseModel]] = {

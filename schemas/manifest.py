@@ -18,11 +18,11 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kascade.schemas.files import write_text_atomically
-from kascade.schemas.problems import first_problem
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from kascade.errors import KascadeError, UsageError
+from kascade.schemas.files import write_text_atomically
+from kascade.schemas.problems import first_problem
 
 MANIFEST = "manifest.json"
 FORMAT_VERSION = 1

@@ -18,9 +18,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.records import SourcePosition
-from pydantic import BaseModel, ConfigDict, Field
 
 QUARANTINE_FILE = "quarantine.json"
 

@@ -21,8 +21,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from kascade.schemas.files import write_text_atomically
 from pydantic import BaseModel, ConfigDict, Field
+
+from kascade.schemas.files import write_text_atomically
 
 SUSPENSIONS_FILE = "suspensions.json"
 

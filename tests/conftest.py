@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kascade.dataflow.kafka_io import create_topics
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 
 def _docker_engine_answers() -> bool:

@@ -13,7 +13,8 @@ from tiny_models import CORPUS
 
 from kascade.dataflow.consume import read_all
 from kascade.schemas import InputDocument, OutputRecord
-from kascade.schemas.settings import ChunkSettings, KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
+from kascade.schemas.settings import ChunkSettings
 
 # Small chunks, so the tiny test models' documents span several of them.
 SMALL_CHUNKS = ChunkSettings(max_tokens=64, overlap=8, max_chunks=20)

@@ -22,7 +22,8 @@ from confluent_kafka.admin import (
     ResourceType,
 )
 from helpers import kascade_cli, produce
-from kascade.schemas.settings import KafkaSettings
+
+from kascade.schemas.kafka import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 

@@ -10,7 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import SMALL_CHUNKS, texts
+from pydantic import ValidationError
+from tiny_models import CORPUS
+
 from kascade.dataflow.flow import prepare
+from kascade.errors import UsageError
 from kascade.operators import backends
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas import CascadeUse
@@ -18,10 +22,6 @@ from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch
 from kascade.schemas.engine import Backend, Engine, Precision
 from kascade.schemas.manifest import ModelManifest
 from kascade.schemas.settings import EncoderSettings, Settings
-from pydantic import ValidationError
-from tiny_models import CORPUS
-
-from kascade.errors import UsageError
 
 ORT = Engine()
 OV_FP32 = Engine(backend=Backend.OPENVINO, precision=Precision.FP32)

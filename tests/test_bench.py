@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from helpers import SMALL_CHUNKS, TINY_PATH, documents, texts
-from kascade.schemas import Aggregation
 
 from bench import latency, plots
 from bench.cascade import evaluate as cascade_evaluate
 from bench.env import environment
 from bench.flow import overhead
+from kascade.schemas import Aggregation
 
 
 def test_the_environment_records_cpu_and_library_versions() -> None:

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 
 from helpers import SMALL_CHUNKS, TINY_PATH, long_documents
+
 from kascade.schemas.cascade import CASCADE_FILE
 from kascade.toolchain.calibrate import calibrate
 from kascade.toolchain.passes import blocks_of

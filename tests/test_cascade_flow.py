@@ -18,8 +18,9 @@ from kascade.errors import UsageError
 from kascade.operators.calibration import Cascade
 from kascade.schemas import CascadeUse
 from kascade.schemas.cascade import CASCADE_FILE, CascadeMismatch, CascadeSpec
+from kascade.schemas.kafka import KafkaSettings
 from kascade.schemas.manifest import MANIFEST, TOKENIZER, read_manifest
-from kascade.schemas.settings import KafkaSettings, Settings
+from kascade.schemas.settings import Settings
 from kascade.toolchain.calibrate import CalibrationTooSmall, calibrate
 
 

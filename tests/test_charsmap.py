@@ -7,8 +7,9 @@ import unicodedata
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from kascade.toolchain.charsmap import precompiled_charsmap
 from tokenizers import normalizers
+
+from kascade.toolchain.charsmap import precompiled_charsmap
 
 # Characters that are graphemes on their own (the normalizer looks up whole graphemes
 # first), from several scripts and byte lengths; no NUL (it ends a key in the trie).

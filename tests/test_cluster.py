@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 from helpers import cluster_addresses, kascade_run, output_count, output_ids, texts
-from kascade.dataflow.consume import read_all
-from kascade.schemas.settings import KafkaSettings
 from test_faults import many, send, wait_for_outputs
+
+from kascade.dataflow.consume import read_all
+from kascade.schemas.kafka import KafkaSettings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 

@@ -8,12 +8,13 @@ from pathlib import Path
 
 import pytest
 from helpers import kascade_cli, texts
+from tiny_models import CORPUS, LABELS, tiny_bert
+
 from kascade.dataflow.consume import read_all
 from kascade.schemas import OutputRecord
 from kascade.schemas.cascade import CASCADE_FILE, CascadeSpec
+from kascade.schemas.kafka import KafkaSettings
 from kascade.schemas.manifest import read_manifest
-from kascade.schemas.settings import KafkaSettings
-from tiny_models import CORPUS, LABELS, tiny_bert
 
 TOPIC = {line: LABELS[i // 2] for i, line in enumerate(CORPUS)}
 

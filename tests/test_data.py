@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kascade.toolchain.data import read_examples
 
 from kascade.errors import UsageError
+from kascade.toolchain.data import read_examples
 
 
 @pytest.mark.parametrize(

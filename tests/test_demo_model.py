@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 from helpers import kascade_cli
+
 from kascade.dataflow.consume import read_all
 from kascade.schemas import OutputRecord, StopReason
 from kascade.schemas.cascade import CASCADE_FILE
+from kascade.schemas.kafka import KafkaSettings
 from kascade.schemas.manifest import read_manifest
-from kascade.schemas.settings import KafkaSettings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(1500)]
 

@@ -21,7 +21,8 @@ from helpers import (
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
 from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, OutputRecord, StopReason
-from kascade.schemas.settings import KafkaSettings, Settings
+from kascade.schemas.kafka import KafkaSettings
+from kascade.schemas.settings import Settings
 from kascade.toolchain.calibrate import calibrate
 from kascade.toolchain.certify import CalibrationTooSmall
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from kascade.operators.encoder import Encoder, load_model_dir
-from kascade.operators.full_model import _classify_all
-from kascade.operators.items import ChunkTask, DocMeta
 from tiny_models import CORPUS
 
 from kascade.errors import UsageError
+from kascade.operators.encoder import Encoder, load_model_dir
+from kascade.operators.full_model import _classify_all
+from kascade.operators.items import ChunkTask, DocMeta
 
 META = DocMeta(id="d", total_chunks=0, lang=None, metadata=None, timestamp_ms=None)
 

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 from helpers import kascade_cli
+from tiny_models import CORPUS, LABELS
+
+from kascade.errors import UsageError
 from kascade.schemas.manifest import read_manifest
 from kascade.toolchain.data import Examples, read_examples
 from kascade.toolchain.evaluate import evaluate, macro_f1
 from kascade.toolchain.measure import run, tokenize
 from kascade.toolchain.quantize import PRESETS, quantize_dir
-from tiny_models import CORPUS, LABELS
-
-from kascade.errors import UsageError
 
 
 def test_macro_f1_matches_a_hand_count() -> None:
@@ -83,10 +83,11 @@ def test_an_unknown_label_column_is_named_with_the_columns_that_exist(tmp_path: 
 def test_training_writes_a_checkpoint_that_exports(
     checkpoints: dict[str, Path], tmp_path: Path
 ) -> None:
+    from tiny_models import tiny_bert
+
     from kascade.toolchain.export import export_checkpoint
     from kascade.toolchain.provenance import examples_sha256
     from kascade.toolchain.train import TrainConfig, train
-    from tiny_models import tiny_bert
 
     base = tiny_bert(tmp_path / "base", head=False)
     texts = CORPUS * 3

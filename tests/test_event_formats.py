@@ -23,7 +23,8 @@ from kascade.dataflow.flow import build_flow
 from kascade.dataflow.ports import free_port
 from kascade.operators.items import Outgoing
 from kascade.schemas import DeadLetter, Enrichment, OutputRecord
-from kascade.schemas.settings import KafkaSettings, Settings
+from kascade.schemas.kafka import KafkaSettings
+from kascade.schemas.settings import Settings
 
 pytestmark = pytest.mark.kafka
 

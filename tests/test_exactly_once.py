@@ -27,7 +27,7 @@ from kascade.dataflow.local_broker import _script, ensure_local_broker
 from kascade.dataflow.ports import free_port
 from kascade.operators.formats import ORIGIN_HEADER
 from kascade.schemas import DeadLetter, OutputRecord
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(900)]
 

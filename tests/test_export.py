@@ -8,12 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import kascade_cli
+
+from kascade.errors import UsageError
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas.manifest import ManifestMismatch, read_manifest
 from kascade.toolchain.checkpoint import load_classifier
 from kascade.toolchain.export import PARITY_TOLERANCE, export_checkpoint, parity
-
-from kascade.errors import UsageError
 
 ARCHS = ["modernbert", "bert"]
 

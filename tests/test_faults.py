@@ -24,7 +24,7 @@ from kascade.dataflow.kafka_io import create_topics
 from kascade.dataflow.local_broker import ensure_local_broker
 from kascade.dataflow.ports import free_port
 from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, OutputRecord
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from bytewax.testing import cluster_main, run_main
 from helpers import documents, produce
+from tiny_models import CORPUS
+
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
 from kascade.operators import backends
@@ -22,8 +24,8 @@ from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir, softmax
 from kascade.operators.reduce import ChunkVerdict, aggregate
 from kascade.schemas import Aggregation, DeadLetter, InputDocument, OutputRecord
-from kascade.schemas.settings import EncoderSettings, KafkaSettings, Settings
-from tiny_models import CORPUS
+from kascade.schemas.kafka import KafkaSettings
+from kascade.schemas.settings import EncoderSettings, Settings
 
 pytestmark = pytest.mark.kafka
 
@@ -111,6 +113,7 @@ def test_output_records_are_keyed_by_document_id_and_match_the_schema(
     kafka_settings: KafkaSettings, exported: dict[str, Path]
 ) -> None:
     import jsonschema
+
     from kascade.schemas.export import load
 
     produce(kafka_settings, [(None, d.model_dump_json().encode()) for d in documents(5)])

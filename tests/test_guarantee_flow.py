@@ -33,7 +33,7 @@ from kascade.dataflow.consume import read_all
 from kascade.dataflow.ports import free_port
 from kascade.schemas import CascadeUse, DeadLetter, InputDocument
 from kascade.schemas.cascade import CASCADE_FILE
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 from kascade.toolchain.calibrate import calibrate
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]

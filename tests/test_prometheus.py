@@ -22,7 +22,7 @@ import yaml
 from helpers import documents, kascade_run, output_ids, produce
 
 from kascade.dataflow.ports import free_port
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
 

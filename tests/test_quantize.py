@@ -6,6 +6,9 @@ from pathlib import Path
 
 import onnx
 import pytest
+from tiny_models import CORPUS, LABELS
+
+from kascade.errors import UsageError
 from kascade.schemas.manifest import FULL_GRAPH, read_manifest
 from kascade.toolchain import ToolchainError
 from kascade.toolchain.data import Examples
@@ -18,9 +21,6 @@ from kascade.toolchain.quantize import (
     weight_matmuls,
 )
 from kascade.toolchain.search import Budget, bf16_engines, search
-from tiny_models import CORPUS, LABELS
-
-from kascade.errors import UsageError
 
 EXPECTED_OPS = {
     "fp32": {"gather_int4": False, "matmul_int8": False, "matmul_nbits": False},

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers import SMALL_CHUNKS, TINY_PATH, texts
+
 from kascade.dataflow.flow import prepare
 from kascade.dataflow.recalibration import Recalibration
 from kascade.schemas.cascade import CASCADE_FILE

@@ -12,14 +12,16 @@ from pathlib import Path
 import pytest
 from bytewax.testing import cluster_main, run_main
 from helpers import SMALL_CHUNKS, produce
+from test_flow import expected_record
+from tiny_models import CORPUS
+
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import load_model_dir
 from kascade.schemas import DeadLetter, InputDocument, OutputRecord
-from kascade.schemas.settings import KafkaSettings, Settings
-from test_flow import expected_record
-from tiny_models import CORPUS
+from kascade.schemas.kafka import KafkaSettings
+from kascade.schemas.settings import Settings
 
 pytestmark = pytest.mark.kafka
 

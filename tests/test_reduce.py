@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kascade.operators.items import ChunkResult, DocMeta
 from kascade.operators.reduce import (
     AssembleLogic,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kascade.dataflow.restarts import RestartPolicy, WorkerFailed
-from kascade.schemas.settings import RestartSettings
+from kascade.schemas.cluster import RestartSettings
 
 SETTINGS = RestartSettings(limit=4, backoff_s=1, backoff_max_s=5, healthy_after_s=60)
 

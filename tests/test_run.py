@@ -22,7 +22,7 @@ from helpers import (
 
 from kascade.dataflow.ports import free_port
 from kascade.schemas import InputDocument
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 

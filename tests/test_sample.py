@@ -17,9 +17,10 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 from helpers import kascade_cli, texts
-from kascade.schemas.settings import KafkaSettings
-from kascade.toolchain.data import read_examples
 from tiny_models import CORPUS
+
+from kascade.schemas.kafka import KafkaSettings
+from kascade.toolchain.data import read_examples
 
 pytestmark = pytest.mark.kafka
 

@@ -8,9 +8,10 @@ import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
+
 from kascade.schemas import ChunkCounts, DeadLetter, InputDocument, ModelIdentity, OutputRecord
 from kascade.schemas.export import CONTRACTS, load, main, render
-from pydantic import ValidationError
 
 
 @pytest.mark.parametrize("name", sorted(CONTRACTS))

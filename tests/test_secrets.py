@@ -16,7 +16,8 @@ from kascade.dataflow.consume import read_all
 from kascade.dataflow.ports import free_port
 from kascade.operators.registry import RegistryUnavailable, check_registry
 from kascade.schemas.events import RegistrySettings
-from kascade.schemas.settings import KafkaSettings, load_settings
+from kascade.schemas.kafka import KafkaSettings
+from kascade.schemas.settings import load_settings
 
 PLANTED = "PLANTED-s3cr3t-8d1f"
 

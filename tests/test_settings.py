@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from kascade.schemas.settings import load_settings
 from pydantic import ValidationError
 
 from kascade.errors import UsageError
+from kascade.schemas.settings import load_settings
 
 
 def test_flags_beat_environment_which_beats_the_config_file(

@@ -8,6 +8,7 @@ from bytewax.inputs import StatefulSourcePartition
 from confluent_kafka import KafkaError
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kascade.dataflow.kafka_io import _ByteBudgetPartition
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kascade.dataflow.sample import Places, stratified
 
 # (partition, language) of each record in the order they are read

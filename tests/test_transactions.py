@@ -9,6 +9,7 @@ import time
 
 import pytest
 from confluent_kafka import Producer
+
 from kascade.dataflow.consume import read_records
 from kascade.dataflow.exactly_once import Ledger, committed_since, fence, route
 from kascade.dataflow.kafka_io import SINK_CONFIG
@@ -16,7 +17,7 @@ from kascade.dataflow.transactions import Committer, TransactionFailed, transact
 from kascade.operators.formats import origin_header
 from kascade.operators.items import Outgoing
 from kascade.schemas import SourcePosition
-from kascade.schemas.settings import KafkaSettings
+from kascade.schemas.kafka import KafkaSettings
 
 pytestmark = pytest.mark.kafka
 

@@ -36,6 +36,7 @@ def exported(
 def calibrated(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny ModernBERT export with a cascade calibrated on small chunks."""
     from helpers import SMALL_CHUNKS, TINY_PATH, texts
+
     from kascade.toolchain.calibrate import calibrate
 
     d = tmp_path_factory.mktemp("calibrated") / "model"
@@ -49,6 +50,7 @@ def stopping(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
     """The tiny model calibrated on documents drawn like the stream's, openings included:
     chunk thresholds on one draw, the document stop on another."""
     from helpers import SMALL_CHUNKS, TINY_PATH, long_documents
+
     from kascade.toolchain.calibrate import calibrate
 
     d = tmp_path_factory.mktemp("stopping") / "model"

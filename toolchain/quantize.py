@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 import onnx
+
 from kascade.schemas.manifest import (
     FULL_GRAPH,
     LABELS,
@@ -227,6 +228,7 @@ def quantize_dir(
 def _smoke_test(directory: Path) -> None:
     """Every graph loads and the full graph and stage chain classify a sequence alike."""
     import numpy as np
+
     from kascade.operators.encoder import Encoder, load_model_dir
 
     loaded = load_model_dir(directory)

@@ -12,14 +12,14 @@ import random
 from pathlib import Path
 
 import numpy as np
+
+from kascade.errors import UsageError
 from kascade.toolchain.checkpoint import load_classifier
 from kascade.toolchain.data import Examples
 from kascade.toolchain.evaluate import macro_f1
 from kascade.toolchain.graphs import staged_directory
 from kascade.toolchain.provenance import base_of, write_provenance
 from kascade.toolchain.train_config import TrainConfig
-
-from kascade.errors import UsageError
 
 log = logging.getLogger(__name__)
 

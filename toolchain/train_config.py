@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 
-from kascade.schemas.settings import flags_for
 from pydantic import Field
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
+
+from kascade.schemas.flags import flags_for
 
 
 class TrainConfig(BaseSettings):

@@ -26,8 +26,9 @@ from kascade.dataflow.runner import run
 from kascade.errors import KascadeError
 from kascade.schemas import DeadLetter, OutputRecord, StopReason
 from kascade.schemas.cascade import CASCADE_FILE, CascadeSpec
+from kascade.schemas.kafka import KafkaSettings
 from kascade.schemas.manifest import MANIFEST
-from kascade.schemas.settings import KafkaSettings, Settings
+from kascade.schemas.settings import Settings
 
 HERE = Path(__file__).parent
 SAMPLES = HERE / "documents.jsonl"
