@@ -124,7 +124,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:
-    from kascade.dataflow.kafka_io import create_topics
+    from kascade.dataflow.broker import create_topics
     from kascade.dataflow.runner import required_topics
 
     settings = settings_of(args)

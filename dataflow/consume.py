@@ -8,7 +8,8 @@ import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from kascade.dataflow.kafka_io import client_config, headers_of
+from kascade.dataflow.broker import client_config
+from kascade.dataflow.kafka_io import headers_of
 from kascade.operators.items import Outgoing
 from kascade.schemas.kafka import KafkaSettings
 

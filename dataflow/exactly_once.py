@@ -46,7 +46,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
-from kascade.dataflow.kafka_io import SINK_CONFIG, KafkaUnavailable, client_config, headers_of
+from kascade.dataflow.broker import SINK_CONFIG, KafkaUnavailable, client_config
+from kascade.dataflow.kafka_io import headers_of
 from kascade.dataflow.transactions import Committer, TransactionFailed, transactional_config
 from kascade.errors import UsageError
 from kascade.operators import metrics

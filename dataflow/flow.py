@@ -26,7 +26,7 @@ from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.formats import Reader, Writer
 from kascade.operators.full_model import classify
 from kascade.operators.guarantee import Guard, Shared, Watch
-from kascade.operators.items import ChunkResult, Outgoing
+from kascade.operators.items import ChunkResult, ChunkTask, Outgoing
 from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.streams import by_class
@@ -282,28 +282,8 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
     )
     late_dead = []
     if in_force is not None:
-        # This process's live test: its state is the process's (its suspensions are the
-        # recovery directory's), handed to the two steps that use it, no module global.
-        guard = watch_the_bound(settings, in_force)
-        cheap = cascade(
-            "cascade",
-            chunked.chunks,
-            model,
-            in_force,
-            settings.cascade,
-            settings.encoder.threads,
-            prepared.engine,
-            settings.aggregation,
-            stop,
-            guard,
-        )
-        late_dead.append(cheap.dead)
-        # Chunks of one document may run on different workers: the full model is the cost.
-        spread = op.redistribute("spread", cheap.escalations)
-        full = classify("classify", spread, model, settings.encoder, prepared.engine, "stages")
-        audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
-        op.inspect("audit_agreement", audits.trues, functools.partial(_record_audit, guard))
-        results = op.merge("results", cheap.settled, audits.falses)
+        results, cascade_dead = _cascaded(chunked.chunks, settings, prepared, in_force)
+        late_dead.append(cascade_dead)
     else:
         everything = op.redistribute("spread", chunked.chunks)
         results = classify("classify", everything, model, settings.encoder, prepared.engine)
@@ -318,3 +298,32 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
     unsendable, sendable = by_class("unsendable", serialized, DeadLetter)
     deliver(sendable, op.merge("all_dead", dead, chunked.dead, unsendable, *late_dead), settings)
     return flow
+
+
+def _cascaded(
+    chunks: Stream[ChunkTask], settings: Settings, prepared: Prepared, in_force: Cascade
+) -> tuple[Stream[ChunkResult], Stream[DeadLetter]]:
+    """Chunks through the cheap stages, the rest (and the audits) through the full model:
+    every chunk's result, and the dead letters the cascade step made."""
+    # This process's live test: its state is the process's (its suspensions are the
+    # recovery directory's), handed to the two steps that use it, no module global.
+    guard = watch_the_bound(settings, in_force)
+    model = prepared.model
+    cheap = cascade(
+        "cascade",
+        chunks,
+        model,
+        in_force,
+        settings.cascade,
+        settings.encoder.threads,
+        prepared.engine,
+        settings.aggregation,
+        prepared.stop,
+        guard,
+    )
+    # Chunks of one document may run on different workers: the full model is the cost.
+    spread = op.redistribute("spread", cheap.escalations)
+    full = classify("classify", spread, model, settings.encoder, prepared.engine, "stages")
+    audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
+    op.inspect("audit_agreement", audits.trues, functools.partial(_record_audit, guard))
+    return op.merge("results", cheap.settled, audits.falses), cheap.dead

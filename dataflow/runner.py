@@ -27,8 +27,9 @@ from bytewax.recovery import RecoveryConfig, init_db_dir
 from bytewax.run import cli_main
 
 from kascade.dataflow import channel
+from kascade.dataflow.broker import accepted_record_bytes, check_cluster
 from kascade.dataflow.exactly_once import record_start
-from kascade.dataflow.kafka_io import DRAIN, accepted_record_bytes, check_cluster
+from kascade.dataflow.kafka_io import DRAIN
 from kascade.dataflow.supervisor import supervise
 from kascade.logs import LIFECYCLE_LOGGER
 from kascade.operators import metrics
@@ -136,7 +137,7 @@ def run(
     replan: Callable[[], FlowBuilder | None] | None = None,
 ) -> int:
     """Check the cluster and the Schema Registry (raises
-    :class:`~kascade.dataflow.kafka_io.KafkaUnavailable`,
+    :class:`~kascade.dataflow.broker.KafkaUnavailable`,
     :class:`~kascade.operators.registry.RegistryUnavailable`), then run.
 
     With ``settings.addresses`` this host runs process ``settings.process_id`` of a

@@ -23,6 +23,7 @@ import json
 import math
 import uuid
 from collections import Counter
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,8 @@ from typing import Any
 from bytewax.connectors.kafka import KafkaSourceMessage
 from confluent_kafka import Consumer, TopicPartition
 
-from kascade.dataflow.kafka_io import (
-    DENIED,
-    check_cluster,
-    client_config,
-    headers_of,
-    not_authorized,
-)
+from kascade.dataflow.broker import DENIED, check_cluster, client_config, not_authorized
+from kascade.dataflow.kafka_io import headers_of
 from kascade.errors import KascadeError
 from kascade.operators.formats import Reader
 from kascade.operators.registry import check_registry
@@ -138,29 +134,13 @@ def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -
     )
     batch = max(1, min(500, IN_HAND_BYTES // settings.max_text_bytes))
     report = Sampled()
-    places = Places(count)
 
     def decoded(msg: KafkaSourceMessage) -> Received | DeadLetter:
         return check(msg, max_bytes=settings.max_text_bytes, stage="sample", reader=reader)
 
     try:
-        partitions = sorted(
-            consumer.list_topics(k.input_topic, timeout=10).topics[k.input_topic].partitions
-        )
-        per_partition = math.ceil(count / len(partitions)) * OVERREAD
-        for p in partitions:
-            low, high = consumer.get_watermark_offsets(TopicPartition(k.input_topic, p), timeout=10)
-            start = max(low, high - per_partition)
-            for msg in _read(consumer, k, p, start, high, batch, timeout_s):
-                report.read += 1
-                got = decoded(msg)
-                if not isinstance(got, Received):
-                    report.skipped[got.reason.value] += 1
-                elif not got.doc.text.strip():
-                    report.blank += 1
-                else:
-                    places.add(p, got.doc.lang or "", msg.offset)
-        chosen = places.chosen()
+        passes = _Passes(consumer, k, batch, timeout_s, decoded, report)
+        chosen = passes.survey(count).chosen()
         if not chosen:
             raise NothingToSample(
                 f"{k.input_topic} has no record to sample ({report.read} read,"
@@ -168,12 +148,51 @@ def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -
                 + (f", {report.blank} blank" if report.blank else "")
                 + ")"
             )
+        passes.write(chosen, out)
+    finally:
+        consumer.close()
+    return report
+
+
+@dataclass
+class _Passes:
+    """The two passes over the input topic, with what they share."""
+
+    consumer: Consumer
+    kafka: KafkaSettings
+    batch: int  # records per poll
+    timeout_s: float
+    decode: Callable[[KafkaSourceMessage], Received | DeadLetter]
+    report: Sampled
+
+    def survey(self, count: int) -> Places:
+        """The newest records of each partition, counted, and the places (partition,
+        language, offset) to take ``count`` from."""
+        topic, report = self.kafka.input_topic, self.report
+        places = Places(count)
+        partitions = sorted(self.consumer.list_topics(topic, timeout=10).topics[topic].partitions)
+        per_partition = math.ceil(count / len(partitions)) * OVERREAD
+        for p in partitions:
+            low, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            for msg in self._read(p, max(low, high - per_partition), high):
+                report.read += 1
+                got = self.decode(msg)
+                if not isinstance(got, Received):
+                    report.skipped[got.reason.value] += 1
+                elif not got.doc.text.strip():
+                    report.blank += 1
+                elif msg.offset is not None:  # a consumed record always has one
+                    places.add(p, got.doc.lang or "", msg.offset)
+        return places
+
+    def write(self, chosen: dict[int, set[int]], out: Path) -> None:
+        """The chosen records, read again and written to ``out``."""
+        report = self.report
         # production text: its owner's only
         with atomic_writer(out, private=True) as f:
             for p, wanted in sorted(chosen.items()):
-                first, last = min(wanted), max(wanted)
-                for msg in _read(consumer, k, p, first, last + 1, batch, timeout_s):
-                    again = decoded(msg) if msg.offset in wanted else None
+                for msg in self._read(p, min(wanted), max(wanted) + 1):
+                    again = self.decode(msg) if msg.offset in wanted else None
                     if not isinstance(again, Received):
                         continue  # not chosen (or, read again, no longer what it was)
                     doc = again.doc
@@ -183,47 +202,35 @@ def sample(settings: Settings, count: int, out: Path, timeout_s: float = 30.0) -
                     report.by_partition[p] += 1
                     if doc.lang:
                         report.by_language[doc.lang] += 1
-    finally:
-        consumer.close()
-    return report
 
-
-def _read(
-    consumer: Consumer,
-    k: KafkaSettings,
-    partition: int,
-    start: int,
-    end: int,
-    batch: int,
-    timeout_s: float,
-):
-    """The records of ``partition`` from offset ``start`` up to ``end``, as Bytewax's
-    source hands them to the flow."""
-    if start >= end:
-        return
-    consumer.assign([TopicPartition(k.input_topic, partition, start)])
-    idle = 0.0
-    while idle < timeout_s:
-        got = consumer.consume(batch, 1.0)
-        if not got:
-            idle += 1.0
-            continue
+    def _read(self, partition: int, start: int, end: int) -> Iterator[KafkaSourceMessage]:
+        """The records of ``partition`` from offset ``start`` up to ``end``, as Bytewax's
+        source hands them to the flow."""
+        if start >= end:
+            return
+        self.consumer.assign([TopicPartition(self.kafka.input_topic, partition, start)])
         idle = 0.0
-        for m in got:
-            if (error := m.error()) is not None:
-                if error.code() in DENIED:  # may describe the topic, may not read it
-                    raise not_authorized(k, [k.input_topic], "read")
+        while idle < self.timeout_s:
+            got = self.consumer.consume(self.batch, 1.0)
+            if not got:
+                idle += 1.0
                 continue
-            offset = m.offset()
-            yield KafkaSourceMessage(
-                key=m.key(),
-                value=m.value(),
-                topic=m.topic(),
-                # as Bytewax's own source passes them: a header may have no value
-                headers=headers_of(m),  # type: ignore[arg-type]  # annotated bytes only
-                offset=offset,
-                partition=m.partition(),
-                timestamp=m.timestamp(),
-            )
-            if offset is not None and offset >= end - 1:
-                return
+            idle = 0.0
+            for m in got:
+                if (error := m.error()) is not None:
+                    if error.code() in DENIED:  # may describe the topic, may not read it
+                        raise not_authorized(self.kafka, [self.kafka.input_topic], "read")
+                    continue
+                offset = m.offset()
+                yield KafkaSourceMessage(
+                    key=m.key(),
+                    value=m.value(),
+                    topic=m.topic(),
+                    # as Bytewax's own source passes them: a header may have no value
+                    headers=headers_of(m),  # type: ignore[arg-type]  # annotated bytes only
+                    offset=offset,
+                    partition=m.partition(),
+                    timestamp=m.timestamp(),
+                )
+                if offset is not None and offset >= end - 1:
+                    return

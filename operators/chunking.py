@@ -140,6 +140,21 @@ def chunk_text(
     ]
 
 
+def _over_limit(
+    r: Received, meta: DocMeta, read: int, max_chunks: int, stage: str
+) -> DeadLetter | None:
+    """The too_long dead letter a document cut at the limit carries, sent if reading its
+    first ``read`` chunks does not stop."""
+    if not meta.text_chunks or meta.text_chunks <= read:
+        return None
+    return r.dead_letter(
+        DeadLetterReason.TOO_LONG,
+        f"{meta.text_tokens} tokens make {meta.text_chunks} chunks; the limit is"
+        f" {max_chunks}, and reading its first {read} did not make the label certain",
+        stage,
+    )
+
+
 def split(
     r: Received,
     tokenizer: Tokenizer,
@@ -185,15 +200,7 @@ def split(
         text_tokens=chunks[0].text_tokens if chunks else 0,
         text_chunks=chunks[0].text_chunks if chunks else 0,
     )
-    over = None
-    if chunks and chunks[0].text_chunks > len(chunks):
-        over = r.dead_letter(
-            DeadLetterReason.TOO_LONG,
-            f"{meta.text_tokens} tokens make {meta.text_chunks} chunks; the limit is"
-            f" {settings.max_chunks}, and reading its first {len(chunks)} did not make the"
-            " label certain",
-            stage,
-        )
+    over = _over_limit(r, meta, len(chunks), settings.max_chunks, stage)
     first = dataclasses.replace(meta, envelope=r.envelope, over_limit=over)
     if not chunks:
         return [first]

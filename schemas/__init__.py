@@ -5,16 +5,13 @@ The typed records here are the single source of the JSON Schemas in ``schemas/js
 This package imports nothing of the project but the base in ``kascade/`` (its errors).
 """
 
+from kascade.schemas.dead_letters import DeadLetter, DeadLetterReason, Header, KafkaHeaders
 from kascade.schemas.records import (
     Aggregation,
     CascadeUse,
     ChunkCounts,
-    DeadLetter,
-    DeadLetterReason,
     Enrichment,
-    Header,
     InputDocument,
-    KafkaHeaders,
     ModelIdentity,
     OutputRecord,
     Reading,

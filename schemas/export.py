@@ -13,8 +13,9 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
+from kascade.schemas.dead_letters import DeadLetter
 from kascade.schemas.files import write_text_atomically
-from kascade.schemas.records import DeadLetter, InputDocument, OutputRecord
+from kascade.schemas.records import InputDocument, OutputRecord
 
 SCHEMA_DIR = Path(__file__).parent / "json"
 CONTRACTS: dict[str, type[BaseModel]] = {

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kascade.dataflow.kafka_io import create_topics
+from kascade.dataflow.broker import create_topics
 from kascade.schemas.kafka import KafkaSettings
 
 

@@ -21,8 +21,8 @@ from helpers import kascade_run, produce
 from test_cluster import Cluster
 from test_faults import mixed_corpus, workers_of
 
+from kascade.dataflow.broker import create_topics
 from kascade.dataflow.consume import read_records
-from kascade.dataflow.kafka_io import create_topics
 from kascade.dataflow.local_broker import _script, ensure_local_broker
 from kascade.dataflow.ports import free_port
 from kascade.operators.formats import ORIGIN_HEADER

@@ -19,8 +19,8 @@ import pytest
 from crashing_flow import MARK
 from helpers import documents, kascade_run, output_count, output_ids, produce, send
 
+from kascade.dataflow.broker import create_topics
 from kascade.dataflow.consume import read_all
-from kascade.dataflow.kafka_io import create_topics
 from kascade.dataflow.local_broker import ensure_local_broker
 from kascade.dataflow.ports import free_port
 from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, OutputRecord

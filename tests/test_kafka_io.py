@@ -6,13 +6,9 @@ import time
 
 import pytest
 
+from kascade.dataflow.broker import KafkaUnavailable, check_cluster
 from kascade.dataflow.consume import read_records
-from kascade.dataflow.kafka_io import (
-    DeliveryCheckedSink,
-    DeliveryFailed,
-    KafkaUnavailable,
-    check_cluster,
-)
+from kascade.dataflow.kafka_io import DeliveryCheckedSink, DeliveryFailed
 from kascade.dataflow.ports import free_port
 from kascade.operators.items import Outgoing
 from kascade.schemas.kafka import KafkaSettings

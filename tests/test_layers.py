@@ -80,7 +80,7 @@ def test_the_command_line_sits_over_both_halves() -> None:
 # A new module takes its place here (the test below names any module missing).
 ORDER = {
     "kascade.schemas": [
-        *("problems", "files", "records", "engine", "events", "avro", "export"),
+        *("problems", "files", "records", "dead_letters", "engine", "events", "avro", "export"),
         *("cascade", "manifest", "quarantine", "suspensions"),
         *("kafka", "flags", "cluster", "settings"),  # the run settings
     ],
@@ -94,7 +94,7 @@ ORDER = {
     "kascade.dataflow": [
         *("health", "ports", "local_broker", "channel", "restarts", "lifecycle", "peers"),
         *("processes", "supervisor"),
-        *("kafka_io", "transactions"),
+        *("broker", "kafka_io", "transactions"),
         *("exactly_once", "consume", "sample", "flow", "recalibration", "runner", "worker"),
         "commands",
     ],
@@ -143,3 +143,20 @@ def test_benchmarks_use_the_package_and_nothing_imports_them() -> None:
     for folder in FOLDERS.values():
         for path in folder.rglob("*.py"):
             assert not {m for m in imports(path) if m.split(".")[0] == "bench"}, path
+
+
+# A module a newcomer reads in one sitting, a function they hold in their head (#27).
+MAX_LINES, MAX_FUNCTION_LINES = 350, 60
+
+
+@pytest.mark.parametrize("part", RUNTIME)
+def test_no_runtime_file_is_over_350_lines_and_no_function_over_60(part: str) -> None:
+    for path in FOLDERS[part].glob("*.py"):
+        text = path.read_text()
+        assert text.count("\n") <= MAX_LINES, f"{path.relative_to(ROOT)} is too long"
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                assert node.end_lineno is not None
+                lines = node.end_lineno - node.lineno + 1
+                where = f"{path.relative_to(ROOT)}:{node.lineno} {node.name}"
+                assert lines <= MAX_FUNCTION_LINES, f"{where} has {lines} lines"

@@ -10,9 +10,9 @@ import time
 import pytest
 from confluent_kafka import Producer
 
+from kascade.dataflow.broker import SINK_CONFIG
 from kascade.dataflow.consume import read_records
 from kascade.dataflow.exactly_once import Ledger, committed_since, fence, route
-from kascade.dataflow.kafka_io import SINK_CONFIG
 from kascade.dataflow.transactions import Committer, TransactionFailed, transactional_config
 from kascade.operators.formats import origin_header
 from kascade.operators.items import Outgoing

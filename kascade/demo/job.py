@@ -18,9 +18,9 @@ from confluent_kafka import Producer
 from rich.console import Console
 from rich.table import Table
 
+from kascade.dataflow.broker import client_config, fresh_topics
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
-from kascade.dataflow.kafka_io import client_config, fresh_topics
 from kascade.dataflow.local_broker import ensure_local_broker
 from kascade.dataflow.runner import run
 from kascade.errors import KascadeError
