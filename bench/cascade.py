@@ -35,6 +35,7 @@ from kascade.schemas import Aggregation
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.settings import ChunkSettings
 from kascade.toolchain.calibrate import calibrate, min_accepted
+from kascade.toolchain.calibrate_config import CalibrateConfig
 from kascade.toolchain.evaluate import macro_f1
 
 
@@ -192,11 +193,13 @@ def main() -> None:
     spec = calibrate(
         args.work,
         [t for _, t, _ in calib],
+        CalibrateConfig(
+            epsilon=args.epsilon,
+            delta=args.delta,
+            chunking=ChunkSettings(max_tokens=args.max_tokens),
+        ),
         head_texts=[t for _, t, _ in heads],
         languages=[language_of(d) for d, _, _ in calib],
-        epsilon=args.epsilon,
-        delta=args.delta,
-        chunking=ChunkSettings(max_tokens=args.max_tokens),
     )
     result = {
         "calibration": spec.report.model_dump()

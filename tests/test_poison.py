@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from bytewax.connectors.kafka import KafkaSourceMessage
-from helpers import SMALL_CHUNKS, TINY_PATH, texts
+from helpers import SMALL_CHUNKS, TINY_PATH, calibration, texts
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -38,7 +38,9 @@ MAX_TEXT = 60_000  # the input limit sits above the output limit: outputs can be
 def pipeline(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory):
     d = tmp_path_factory.mktemp("poison") / "model"
     shutil.copytree(exported["modernbert"], d)
-    calibrate(d, texts(300), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+    calibrate(
+        d, texts(300), calibration(epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS), path=TINY_PATH
+    )
     model = load_model_dir(d)
     encoder = Encoder(model, graphs="stages")
     cascade = Cascade.load(d, model.manifest_sha256)

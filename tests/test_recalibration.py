@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from helpers import SMALL_CHUNKS, TINY_PATH, texts
+from helpers import SMALL_CHUNKS, TINY_PATH, calibration, texts
 
 from kascade.dataflow.flow import prepare
 from kascade.dataflow.recalibration import Recalibration
@@ -36,7 +36,12 @@ def test_a_new_calibration_is_taken_up_once_and_a_broken_one_refused_once(
     (refusal,) = caplog.messages
     assert refusal.startswith(f"refusing the new {model / CASCADE_FILE} (sha256 ")
     assert "stays" in refusal
-    calibrate(model, texts(400), epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+    calibrate(
+        model,
+        texts(400),
+        calibration(epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS),
+        path=TINY_PATH,
+    )
     taken = watch.new()
     assert taken is not None and taken.in_force is not None
     assert taken.in_force.sha256 == watch.in_force and watch.new() is None
@@ -47,5 +52,10 @@ def test_a_run_without_a_cascade_takes_none_up(calibrated: Path, tmp_path: Path)
     shutil.copytree(calibrated, model)
     settings = settings_for(model, mode="off")
     watch = Recalibration(settings, prepare(settings))
-    calibrate(model, texts(400), epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+    calibrate(
+        model,
+        texts(400),
+        calibration(epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS),
+        path=TINY_PATH,
+    )
     assert watch.new() is None

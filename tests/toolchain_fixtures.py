@@ -35,13 +35,15 @@ def exported(
 @pytest.fixture(scope="session")
 def calibrated(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny ModernBERT export with a cascade calibrated on small chunks."""
-    from helpers import SMALL_CHUNKS, TINY_PATH, texts
+    from helpers import SMALL_CHUNKS, TINY_PATH, calibration, texts
 
     from kascade.toolchain.calibrate import calibrate
 
     d = tmp_path_factory.mktemp("calibrated") / "model"
     shutil.copytree(exported["modernbert"], d)
-    calibrate(d, texts(300), epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, path=TINY_PATH)
+    calibrate(
+        d, texts(300), calibration(epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS), path=TINY_PATH
+    )
     return d
 
 
@@ -49,7 +51,7 @@ def calibrated(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFacto
 def stopping(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model calibrated on documents drawn like the stream's, openings included:
     chunk thresholds on one draw, the document stop on another."""
-    from helpers import SMALL_CHUNKS, TINY_PATH, long_documents
+    from helpers import SMALL_CHUNKS, TINY_PATH, calibration, long_documents
 
     from kascade.toolchain.calibrate import calibrate
 
@@ -58,12 +60,9 @@ def stopping(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
     spec = calibrate(
         d,
         [doc.text for doc in long_documents(80, seed=1)],
-        epsilon=0.1,
-        delta=0.1,
-        chunking=SMALL_CHUNKS,
+        calibration(epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, epsilon_doc=0.05),
         path=TINY_PATH,
         documents=[doc.text for doc in long_documents(120, seed=2)],
-        epsilon_doc=0.05,
     )
     assert spec.document_stop is not None
     return d

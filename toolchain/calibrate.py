@@ -21,14 +21,13 @@ from pathlib import Path
 import numpy as np
 
 from kascade.errors import UsageError
+from kascade.operators import backends
 from kascade.operators.calibration import Cascade, Head
 from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.reading import STOP_PATH
 from kascade.schemas import Aggregation
 from kascade.schemas.cascade import (
     CASCADE_FILE,
-    DEFAULT_DELTA,
-    DEFAULT_EPSILON,
     CalibrationReport,
     CascadeSpec,
     CertifiedChunking,
@@ -42,6 +41,7 @@ from kascade.schemas.files import write_text_atomically
 from kascade.schemas.manifest import TOKENIZER
 from kascade.schemas.settings import ChunkSettings
 from kascade.toolchain import passes
+from kascade.toolchain.calibrate_config import CalibrateConfig
 from kascade.toolchain.certify import (
     DISABLED,
     CalibrationTooSmall,
@@ -263,42 +263,37 @@ def _warn_overlap(name: str, these: list[str] | None, other: str, those: list[st
 def calibrate(
     model_dir: Path,
     texts: list[str],
+    config: CalibrateConfig | None = None,
     *,
-    epsilon: float = DEFAULT_EPSILON,
-    delta: float = DEFAULT_DELTA,
-    chunking: ChunkSettings | None = None,
-    fit_fraction: float | None = None,
-    seed: int = 0,
     head_texts: list[str] | None = None,
-    name: str = "default",
-    path: tuple[float, ...] = PATH,
     languages: list[str] | None = None,
     documents: list[str] | None = None,
-    epsilon_doc: float = DEFAULT_EPSILON,
-    aggregation: Aggregation = Aggregation.TOKEN_MEAN,
+    fit_fraction: float | None = None,
+    name: str = "default",
+    path: tuple[float, ...] = PATH,
     stop_path: tuple[StopRule, ...] = STOP_PATH,
-    processes: int | None = None,
-    engine: Engine | None = None,
 ) -> CascadeSpec:
-    """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``.
+    """Fit heads, certify thresholds, and write ``cascade.json`` into ``model_dir``:
+    fit -> certify chunks -> certify the stop -> write.
 
-    ``chunking`` (default: the runtime's) is recorded with the result: the guarantee
-    holds for chunks made that way, so a run with other chunking refuses the cascade.
-    ``languages`` (one per text) splits the report by language. ``documents`` (long
-    texts like the stream's, none of them among ``texts``) certify a document stop at
-    ``epsilon_doc`` for ``aggregation``; when none certifies, ``cascade.json`` is written
-    without one and :class:`CalibrationTooSmall` says why. The full model runs on up to
-    ``processes`` worker processes (default: every core), with the same result, run by
-    ``engine`` (default ONNX Runtime), which ``cascade.json`` names: a run with another
-    engine computes other numbers, so it refuses the cascade.
+    ``config`` (:class:`CalibrateConfig`, ``kascade calibrate``'s flags) holds the bound,
+    the chunking and the engine: the guarantee holds for chunks made that way, run by
+    that engine (``auto`` resolved as ``kascade run`` resolves it), so a run with other
+    chunking or another engine refuses the cascade. ``languages`` (one per text) splits
+    the report by language. ``documents`` (long texts like the stream's, none of them
+    among ``texts``) certify a document stop at ``epsilon_doc`` for ``aggregation``; when
+    none certifies, ``cascade.json`` is written without one and
+    :class:`CalibrationTooSmall` says why. The full model runs on up to ``processes``
+    worker processes (default: every core), with the same result.
     """
-    engine = engine or Engine()
-    chunking = chunking or ChunkSettings()
-    _check_sizes(texts, languages, documents, epsilon_doc, delta)
+    c = config or CalibrateConfig()
+    epsilon, delta, seed, chunking = c.epsilon, c.delta, c.seed, c.chunking
+    _check_sizes(texts, languages, documents, c.epsilon_doc, delta)
     loaded = load_model_dir(model_dir)
+    engine = backends.resolve(c.encoder, loaded.manifest)
     chunks_of = functools.partial(
         extract, model_dir, max_tokens=chunking.max_tokens, overlap=chunking.overlap,
-        processes=processes, engine=engine,
+        processes=c.processes, engine=engine,
     )  # fmt: skip
     feats = chunks_of(texts)
     if fit_fraction is None:  # separate head text frees the calibration set for testing
@@ -318,11 +313,7 @@ def calibrate(
     )
     if documents is None:
         return _written(model_dir, spec)
-    return _with_document_stop(
-        model_dir, spec, feats, len(texts), documents, chunking=chunking,
-        aggregation=aggregation, epsilon=epsilon_doc, delta=delta, stop_path=stop_path,
-        seed=seed, processes=processes, engine=engine,
-    )  # fmt: skip
+    return _with_document_stop(model_dir, spec, feats, len(texts), documents, c, engine, stop_path)
 
 
 def _check_sizes(
@@ -440,21 +431,17 @@ def _with_document_stop(
     feats: Features,
     n_texts: int,
     documents: list[str],
-    *,
-    chunking: ChunkSettings,
-    aggregation: Aggregation,
-    epsilon: float,
-    delta: float,
-    stop_path: tuple[StopRule, ...],
-    seed: int,
-    processes: int | None,
+    config: CalibrateConfig,
     engine: Engine,
+    stop_path: tuple[StopRule, ...],
 ) -> CascadeSpec:
     """``spec`` with a document stop certified on ``documents``, written; without one
     (written too) when none certifies, which :class:`CalibrationTooSmall` then says."""
     # The on-topic head learns from the calibration texts' chunks when those are documents
     # too; the stop is then certified on other documents, which it has not seen.
-    on_topic = fit_on_topic(feats, aggregation, seed) if len(feats.target) >= 2 * n_texts else None
+    aggregation, seed = config.aggregation, config.seed
+    multi_chunk = len(feats.target) >= 2 * n_texts
+    on_topic = fit_on_topic(feats, aggregation, seed) if multi_chunk else None
     if on_topic is None:
         stop_path = tuple(r for r in stop_path if r.min_on_topic == 0)
     # The cascade a run would load from this spec, so the stop is certified on the
@@ -463,20 +450,24 @@ def _with_document_stop(
     point = spec.operating_points[spec.default_operating_point]
     cascade = Cascade(spec, Head.of(spec.s0), Head.of(spec.s1), point, topical)
     read = functools.partial(
-        read_documents, chunking=chunking, cascade=cascade, aggregation=aggregation
+        read_documents, chunking=config.chunking, cascade=cascade, aggregation=aggregation
     )
     blocks = passes.over_texts(
         model_dir,
         read,
         [t for t in documents if t.strip()],
-        processes=processes,
+        processes=config.processes,
         what="documents",
         engine=engine,
     )
     docs = [doc for block in blocks for doc in block]
     try:
         stop = certify_stop(
-            docs, aggregation=aggregation, epsilon=epsilon, delta=delta, path=stop_path
+            docs,
+            aggregation=aggregation,
+            epsilon=config.epsilon_doc,
+            delta=config.delta,
+            path=stop_path,
         )
     except CalibrationTooSmall as e:
         _written(model_dir, spec)

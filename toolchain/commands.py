@@ -12,36 +12,16 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, get_args
 
 from pydantic import ValidationError
 
-from kascade.arguments import positive, probability
+from kascade.arguments import probability
 from kascade.errors import UsageError
-from kascade.schemas import Aggregation
-from kascade.schemas.cascade import DEFAULT_DELTA, DEFAULT_EPSILON
 from kascade.schemas.engine import Engine
 from kascade.schemas.files import write_text_atomically
-from kascade.schemas.manifest import read_manifest
-from kascade.schemas.settings import ChunkSettings, EncoderSettings, settings_error
+from kascade.schemas.settings import settings_error
+from kascade.toolchain.calibrate_config import CalibrateConfig, add_calibrate_flags
 from kascade.toolchain.train_config import TrainConfig, add_train_flags
-
-
-def _given(args: argparse.Namespace, *names: str) -> dict[str, Any]:
-    """The named flags the user gave (``None`` means: the function's own default)."""
-    return {n: getattr(args, n) for n in names if getattr(args, n) is not None}
-
-
-def _engine_flags(p: argparse.ArgumentParser) -> None:
-    """kascade run's ``--encoder.backend`` and ``--encoder.precision``, from its settings."""
-    for name in ("backend", "precision"):
-        field = EncoderSettings.model_fields[name]
-        p.add_argument(
-            f"--encoder.{name}",
-            dest=name,
-            choices=get_args(field.annotation),
-            help=f"{field.description} ({field.default})",
-        )
 
 
 def _data_flags(p: argparse.ArgumentParser, *, labels_required: bool) -> None:
@@ -222,22 +202,14 @@ def _engines(given: str) -> tuple[Engine, ...]:
 UNDETERMINED = "und"
 
 
-def _engine(args: argparse.Namespace) -> Engine:
-    """The engine ``--encoder.backend``/``--encoder.precision`` pick for ``--model``, as
-    ``kascade run`` resolves them (the run then finds the calibration's engine)."""
-    from kascade.operators import backends
-
-    try:
-        settings = EncoderSettings(**_given(args, "backend", "precision"))
-    except ValidationError as e:
-        raise settings_error(e) from None
-    manifest, _ = read_manifest(args.model, verify=False)
-    return backends.resolve(settings, manifest)
-
-
 def _cmd_calibrate(args: argparse.Namespace) -> int:
     from kascade.toolchain.calibrate import calibrate
     from kascade.toolchain.data import read_examples, split_documents
+
+    try:
+        config = CalibrateConfig(_cli_settings_source=args.calibrate_flags(parsed_args=args))
+    except ValidationError as e:
+        raise settings_error(e) from None
 
     # The language column, if any, is read as the label column: one string per text;
     # a text whose record named no language is counted as undetermined ("und", BCP-47).
@@ -256,7 +228,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     if args.documents is not None and args.documents.resolve() == args.texts.resolve():
         # One file of long texts: half certify the chunks, the other half the stop, so
         # the stop is tested on documents the chunk thresholds were not chosen on.
-        texts, languages, documents = split_documents(calibration, seed=args.seed or 0)
+        texts, languages, documents = split_documents(calibration, seed=config.seed)
     elif args.documents is not None:
         documents = read_examples(
             args.documents, text_column=args.text_column, label_column=None
@@ -264,12 +236,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     spec = calibrate(
         args.model,
         texts,
-        chunking=ChunkSettings(**_given(args, "max_tokens", "overlap")),
+        config,
         head_texts=head_texts,
         languages=languages,
         documents=documents,
-        engine=_engine(args),
-        **_given(args, "epsilon", "delta", "seed", "epsilon_doc", "aggregation", "processes"),
     )
     point = spec.operating_points[spec.default_operating_point]
     r = spec.report
@@ -404,55 +374,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="long unlabeled documents like the stream's (openings included) to certify a"
         " document stop on; the --texts file itself to split its texts in half",
     )
-    p.add_argument(
-        "--epsilon-doc",
-        type=probability,
-        help=f"max share of early-stopped documents labeled otherwise than a full read"
-        f" ({DEFAULT_EPSILON})",
-    )
-    p.add_argument(
-        "--aggregation",
-        type=Aggregation,
-        choices=list(Aggregation),
-        help="how the run combines chunks (the stop is certified for it; token_mean)",
-    )
     p.add_argument("--text-column", default="text", help="column with the text (default: text)")
     p.add_argument(
         "--lang-column", help="column naming each text's language: the report splits by it"
     )
-    p.add_argument(
-        "--epsilon",
-        type=probability,
-        help=f"max disagreement of accepted chunks ({DEFAULT_EPSILON})",
-    )
-    p.add_argument(
-        "--delta", type=probability, help=f"allowed failure probability ({DEFAULT_DELTA})"
-    )
-    chunks = ChunkSettings()
-    # The same flags as kascade run's, so a calibration and its runs read alike.
-    p.add_argument(
-        "--chunking.max-tokens",
-        "--chunk-tokens",
-        dest="max_tokens",
-        type=positive,
-        help=f"tokens per chunk, as kascade run will make them ({chunks.max_tokens})",
-    )
-    p.add_argument(
-        "--chunking.overlap",
-        "--overlap",
-        dest="overlap",
-        type=int,
-        help=f"as kascade run will use ({chunks.overlap})",
-    )
-    p.add_argument("--seed", type=int, help="of the head/certification split")
-    _engine_flags(p)
-    p.add_argument(
-        "--processes",
-        type=positive,
-        help="worker processes running the full model, one thread each; the result is the"
-        " same for any number (default: every core)",
-    )
-    p.set_defaults(func=_cmd_calibrate)
+    p.set_defaults(func=_cmd_calibrate, calibrate_flags=add_calibrate_flags(p))
 
     p = sub.add_parser("evaluate", help="F1, agreement, speed and memory of model variants")
     p.add_argument("models", nargs="+", type=Path, help="model directories")

