@@ -15,6 +15,7 @@ import bytewax.operators as op
 from bytewax.connectors.kafka import KafkaError
 from bytewax.dataflow import Dataflow, Stream
 
+from kascade.dataflow import processes
 from kascade.dataflow.exactly_once import TransactionalSink, route
 from kascade.dataflow.kafka_io import DeliveryCheckedSink, source
 from kascade.errors import UsageError
@@ -230,29 +231,37 @@ def prepare(settings: Settings) -> Prepared:
     return Prepared(model, use, in_force, document_stop(settings, model, in_force), engine)
 
 
-def _record_audit(guard: Guard, _step: str, result: ChunkResult) -> None:
+# Every audit of the job goes to one test, kept as the flow's state under this key.
+LIVE_TEST = "bound"
+
+
+def _live_test(guard: Guard, state: Watch | None, result: ChunkResult) -> tuple[Watch, None]:
+    """One audit counted in the job's test of the bound (the flow keeps the test: a
+    restart resumes it from the snapshot, and on another calibration it starts over)."""
+    watch = guard.resume(state)
     if result.probs is None:
-        return
+        return watch, None
     agree = int(result.probs.argmax()) == result.audit_of
     metrics.AUDITS.labels(str(agree).lower()).inc()
     try:
         guard.audit(agree, result.doc.lang)
     except Exception:  # bookkeeping of the live test never costs a worker or a record
         log.exception("the live test of the bound could not count an audit")
+    return guard.watch, None
 
 
 def watch_the_bound(settings: Settings, cascade: Cascade) -> Guard:
-    """This process's live test of the certified bound on the audits it runs. Audits
-    are spread over every worker process; each tests its own share at delta / processes,
-    so a false alarm anywhere in the job stays at most delta. With a recovery directory
-    a suspension outlives a restart and reaches every process of the job."""
+    """This process's guard of the certified bound. The job's one test runs on whichever
+    worker holds its key, at the calibration's delta; its suspensions reach every process
+    through the directory they share (the recovery directory, or one the supervisor made
+    for the run), where a restarted process finds them too."""
     point = cascade.point
-    processes = len(settings.hosts) if settings.hosts is not None else settings.workers
-    watch = Watch(point.epsilon, point.delta / processes, settings.cascade.max_languages)
+    watch = Watch(point.epsilon, point.delta, settings.cascade.max_languages, cascade.sha256)
     suspend = settings.cascade.on_violation == "full_model"
     shared = None
-    if settings.recovery_dir is not None and cascade.sha256 is not None:
-        shared = Shared(settings.recovery_dir, cascade.sha256)
+    where = settings.recovery_dir or processes.shared_dir()
+    if where is not None and cascade.sha256 is not None:
+        shared = Shared(where, cascade.sha256)
     return Guard(watch, suspend=suspend, shared=shared)
 
 
@@ -305,8 +314,8 @@ def _cascaded(
 ) -> tuple[Stream[ChunkResult], Stream[DeadLetter]]:
     """Chunks through the cheap stages, the rest (and the audits) through the full model:
     every chunk's result, and the dead letters the cascade step made."""
-    # This process's live test: its state is the process's (its suspensions are the
-    # recovery directory's), handed to the two steps that use it, no module global.
+    # This process's guard, handed to the two steps that use it (no module global): the
+    # cascade asks it what is suspended, the live test counts the audits into it.
     guard = watch_the_bound(settings, in_force)
     model = prepared.model
     cheap = cascade(
@@ -325,5 +334,6 @@ def _cascaded(
     spread = op.redistribute("spread", cheap.escalations)
     full = classify("classify", spread, model, settings.encoder, prepared.engine, "stages")
     audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
-    op.inspect("audit_agreement", audits.trues, functools.partial(_record_audit, guard))
+    one_test = op.key_on("to_the_test", audits.trues, lambda _r: LIVE_TEST)
+    op.stateful_map("live_test", one_test, functools.partial(_live_test, guard))
     return op.merge("results", cheap.settled, audits.falses), cheap.dead

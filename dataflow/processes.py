@@ -47,8 +47,19 @@ LOST_PROBE_DELAY_S = 0.5
 _TIMELY_RETRY = re.compile(r"error connecting to worker \d+")
 
 
+# Names the directory a job's processes on this host share what must reach them all
+# (the suspensions of the live test): the recovery directory, or one made for the run.
+SHARED_DIR_ENV = "KASCADE_SHARED_DIR"
+
+
 def notes_dir(recovery_dir: Path) -> Path:
     return recovery_dir / "inflight"
+
+
+def shared_dir() -> Path | None:
+    """The directory this worker process shares with its siblings (None: not a worker)."""
+    value = os.environ.get(SHARED_DIR_ENV)
+    return None if value is None else Path(value)
 
 
 @dataclass(frozen=True)
@@ -99,7 +110,7 @@ class Ending:
 class Started:
     """The processes of one start, and what they say."""
 
-    def __init__(self, orders: Orders, layout: Layout, addresses: list[str]) -> None:
+    def __init__(self, orders: Orders, layout: Layout, addresses: list[str], shared: Path) -> None:
         payload = pickle.dumps(orders).hex()
         self.procs: dict[int, subprocess.Popen] = {}
         channels = {}
@@ -113,7 +124,7 @@ class Started:
                 text=True,
                 errors="replace",
                 pass_fds=(theirs,),
-                env=os.environ | {channel.ENV: str(theirs)},
+                env=os.environ | {channel.ENV: str(theirs), SHARED_DIR_ENV: str(shared)},
             )
             os.close(theirs)  # the worker holds the only writer: its exit ends our reading
             assert p.stdin is not None

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -80,6 +82,8 @@ class Supervisor:
         self.stopping = threading.Event()
         self.new_plan: Builder | None = None  # the next start's builder, once seen
         self.started: Started | None = None
+        # What the processes share (suspensions): the recovery directory, or the run's own.
+        self.shared = settings.recovery_dir or Path(tempfile.mkdtemp(prefix="kascade-run-"))
         self.control = self._control_port()
 
     def run(self) -> Counter[str]:
@@ -111,6 +115,8 @@ class Supervisor:
                 signal.signal(s, h)
             if self.control is not None:
                 self.control.close()
+            if self.settings.recovery_dir is None:
+                shutil.rmtree(self.shared, ignore_errors=True)
 
     def _wait_to_restart(self, policy: RestartPolicy, ending: Ending, ran_s: float) -> bool:
         """Wait before the next start (True: stopped meanwhile); raises when there is none."""
@@ -139,7 +145,7 @@ class Supervisor:
             for old in notes.glob("*"):
                 old.unlink()
         orders = Orders(settings, self.build, restarts, os.getpid(), logs.current())
-        self.started = started = Started(orders, layout, layout.addresses())
+        self.started = started = Started(orders, layout, layout.addresses(), self.shared)
         if self.stopping.is_set():  # a signal while the processes were being started
             started.signal_all(signal.SIGINT)
         start = OneStart(
@@ -238,7 +244,7 @@ class Supervisor:
         """A job over several hosts answers its peers: states, drains, suspensions."""
         if self.layout.hosts is None:
             return None
-        token, recovery_dir = self.token, self.settings.recovery_dir
+        token, shared = self.token, self.shared
         assert token is not None  # a job over several hosts has one (Settings checks)
         control = ControlServer(
             self.layout.hosts[self.layout.ids[0]],
@@ -246,12 +252,12 @@ class Supervisor:
             self._drained_by_peer,
             token=token,
             bind=self.settings.cluster.control_host,
-            on_suspend=None if recovery_dir is None else _suspended_by_peer(recovery_dir),
+            on_suspend=_suspended_by_peer(shared),
         )
-        if recovery_dir is not None and self.layout.peers:
+        if self.layout.peers:
             threading.Thread(
                 target=_spread_suspensions,
-                args=(recovery_dir, self.layout.peers, token, self.stopping),
+                args=(shared, self.layout.peers, token, self.stopping),
                 name="spread-suspensions",
                 daemon=True,
             ).start()

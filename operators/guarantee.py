@@ -118,6 +118,7 @@ class Watch:
     epsilon: float
     delta: float
     max_languages: int = 16
+    judging: str | None = None  # the sha256 of the cascade.json whose bound it tests
     overall: BoundTest = field(init=False)
     languages: dict[str, BoundTest] = field(default_factory=dict)
 
@@ -152,6 +153,10 @@ class Watch:
     def violated(self) -> bool:
         return self.overall.violated or any(t.violated for t in self.languages.values())
 
+    def named(self) -> set[str]:
+        """The languages tested on their own (not in the pool)."""
+        return set(self.languages) - {OTHER}
+
 
 @dataclass(frozen=True)
 class Shared:
@@ -164,21 +169,26 @@ class Shared:
 
 @dataclass
 class Guard:
-    """This process's watch over the bound, and what a violation does: one line per test
-    that fires, the gauge, and (``suspend``) the full model for the chunks in the scope
-    the test covers from then on: one language's test fired, that language (or the pool
-    of the rest) goes to the full model while the others keep their cascade; the overall
-    test fired, every chunk does. The job never stops for it and no record is lost.
+    """A process's part in watching the bound, and what a violation does: one line per
+    test that fires, the gauge, and (``suspend``) the full model for the chunks in the
+    scope the test covers from then on: one language's test fired, that language (or the
+    pool of the rest) goes to the full model while the others keep their cascade; the
+    overall test fired, every chunk does. The job never stops for it and no record is lost.
 
-    With ``shared``, suspensions outlive the process and reach the job's other processes
-    (:mod:`kascade.schemas.suspensions`): adopted at start, and read again at most once a
-    second while the stream flows.
+    The job has one test (``watch``), kept by the flow as state (:meth:`resume`): every
+    audit reaches it on one worker, and a restart resumes it where the last snapshot
+    left it. With ``shared``, suspensions outlive the process and reach the job's other
+    processes (:mod:`kascade.schemas.suspensions`): adopted at start, and read again at
+    most once a second while the stream flows.
     """
 
     watch: Watch
     suspend: bool
     scopes: set[str] = field(default_factory=set)  # suspended: EVERYTHING or test keys
     shared: Shared | None = None
+    # The languages the suspended pool (OTHER) does not cover: those tested on their own
+    # when it fired.
+    named: set[str] = field(default_factory=set)
     _said: set[str] = field(default_factory=set, repr=False)
     _looked: float = field(default=0.0, repr=False)  # monotonic time of the last read
     _seen: float | None = field(default=None, repr=False)  # the file's mtime then
@@ -198,7 +208,20 @@ class Guard:
             self._adopt(why="by another worker process")
         if EVERYTHING in self.scopes:
             return True
-        return lang is not None and bool(self.scopes) and self.watch.tested_as(lang) in self.scopes
+        if lang is None or not self.scopes:
+            return False
+        pooled = lang in (OTHER, EVERYTHING) or lang not in self.named
+        return lang in self.scopes or (OTHER in self.scopes and pooled)
+
+    def resume(self, state: Watch | None) -> Watch:
+        """The job's test as the flow keeps it: ``state`` (what the last snapshot held)
+        where it judged the calibration in force, else this guard's own, fresh."""
+        if state is not None and state is not self.watch and state.judging == self.watch.judging:
+            self.watch = state
+            self._gauge(EVERYTHING, state.overall)
+            for key, test in state.languages.items():
+                self._gauge(key, test)
+        return self.watch
 
     def _adopt(self, why: str) -> None:
         """Take up the suspensions recorded for this calibration (by this job's other
@@ -220,6 +243,8 @@ class Guard:
             if entry.cascade_sha256 != self.shared.cascade_sha256 or entry.scope in self.scopes:
                 continue
             self.scopes.add(entry.scope)
+            if entry.scope == OTHER:
+                self.named = set(entry.named)
             self._said.add(entry.scope)
             what = (
                 "every chunk goes"
@@ -279,14 +304,19 @@ class Guard:
             then,
         )
         if self.suspend:
+            if scope == OTHER:
+                self.named = self.watch.named()
             self.scopes.add(scope)
             self._share(scope, f"{measured} disagreed, {bound}")
 
     def _share(self, scope: str, evidence: str) -> None:
         if self.shared is None:
             return
+        named = self.named if scope == OTHER else ()
         try:
-            suspensions.add(self.shared.recovery_dir, self.shared.cascade_sha256, scope, evidence)
+            suspensions.add(
+                self.shared.recovery_dir, self.shared.cascade_sha256, scope, evidence, named
+            )
         except (OSError, ValueError) as e:  # this process stays suspended regardless
             log.warning("cannot record the suspension in %s: %s", self.shared.recovery_dir, e)
 

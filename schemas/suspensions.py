@@ -3,8 +3,8 @@
 A violation is a fact about a calibration and a stream, not about the process that saw
 it: a worker restarted after it must not settle chunks again on the stream that just
 failed the test, and the other worker processes of the job must stop settling that
-scope too. The process whose test fires adds the scope to ``suspensions.json``; every
-process reads the file at start and while it runs. A suspension ends only when another
+scope too. The process where the job's test fires adds the scope to
+``suspensions.json``; every process reads the file at start and while it runs. A suspension ends only when another
 calibration (another ``cascade.json`` sha256) is in force.
 
 >>> s = Suspensions().with_scope("ab" * 32, "sw", "7.9% of 151 audits")
@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Literal
 
@@ -35,6 +35,11 @@ class Suspension(BaseModel):
     scope: str = Field(description="'all', 'other' or a language the test followed")
     evidence: str = Field(description="what the test saw when it fired")
     at_ms: int = Field(description="when, in milliseconds since the epoch")
+    named: list[str] = Field(
+        default_factory=list,
+        description="for scope 'other': the languages tested on their own when it fired,"
+        " which it does not cover (empty: it covers every language)",
+    )
 
 
 class Suspensions(BaseModel):
@@ -47,7 +52,9 @@ class Suspensions(BaseModel):
         """What stays suspended while the calibration ``cascade_sha256`` is in force."""
         return {s.scope for s in self.suspended if s.cascade_sha256 == cascade_sha256}
 
-    def with_scope(self, cascade_sha256: str, scope: str, evidence: str) -> Suspensions:
+    def with_scope(
+        self, cascade_sha256: str, scope: str, evidence: str, named: Iterable[str] = ()
+    ) -> Suspensions:
         if scope in self.scopes(cascade_sha256):
             return self
         entry = Suspension(
@@ -55,6 +62,7 @@ class Suspensions(BaseModel):
             scope=scope,
             evidence=evidence,
             at_ms=int(time.time() * 1000),
+            named=sorted(named),
         )
         return Suspensions(suspended=[*self.suspended, entry])
 
@@ -66,10 +74,12 @@ def load(recovery_dir: Path) -> Suspensions:
     return Suspensions.model_validate_json(path.read_bytes())
 
 
-def add(recovery_dir: Path, cascade_sha256: str, scope: str, evidence: str) -> Suspensions:
+def add(
+    recovery_dir: Path, cascade_sha256: str, scope: str, evidence: str, named: Iterable[str] = ()
+) -> Suspensions:
     """Add a scope to the file, under a lock: processes of one job may add at once."""
     with _locked(recovery_dir):
-        now = load(recovery_dir).with_scope(cascade_sha256, scope, evidence)
+        now = load(recovery_dir).with_scope(cascade_sha256, scope, evidence, named)
         write_text_atomically(recovery_dir / SUSPENSIONS_FILE, now.model_dump_json(indent=2))
     return now
 

@@ -232,3 +232,45 @@ def test_an_unreadable_suspensions_file_costs_a_warning_not_a_worker(tmp_path, c
     with caplog.at_level(logging.WARNING, logger="kascade.operators.guarantee"):
         guard = Guard(Watch(0.02, 0.05), suspend=True, shared=Shared(tmp_path, "ab" * 32))
     assert not guard.suspended and "cannot read" in caplog.text
+
+
+def test_a_pool_suspension_reaches_another_process_with_the_languages_it_leaves_out(
+    tmp_path,
+) -> None:
+    from kascade.operators.guarantee import Shared
+
+    shared = Shared(tmp_path, "ab" * 32)
+    one = Guard(Watch(epsilon=0.02, delta=0.05, max_languages=2), suspend=True, shared=shared)
+    rng = random.Random(7)
+    for i in range(1, 6001):  # as above: en and de named, 15% disagreeing past them
+        if i % 10:
+            one.audit(agree=rng.random() >= 0.002, lang=("en", "de")[i % 2])
+        else:
+            one.audit(agree=rng.random() >= 0.15, lang=f"zz-{i % 7}")
+    assert one.scopes == {"other"}
+    # a process whose own (empty) test never saw a language
+    other = Guard(Watch(epsilon=0.02, delta=0.05, max_languages=2), suspend=True, shared=shared)
+    assert other.suspends("zz-3") and other.suspends("never-seen-yet") and other.suspends("all")
+    assert not other.suspends("en") and not other.suspends("de") and not other.suspends(None)
+
+
+def test_the_job_s_test_resumes_from_the_flow_s_state_unless_it_judged_another_calibration() -> (
+    None
+):
+    before = Guard(Watch(0.1, 0.1, judging="ab" * 32), suspend=True)
+    before.audit(agree=False, lang=None)  # one disagreement: evidence, no alarm yet
+    state = before.watch
+    assert not state.violated and state.overall.audits == 1
+
+    restarted = Guard(Watch(0.1, 0.1, judging="ab" * 32), suspend=True)
+    assert restarted.resume(state) is state
+    restarted.audit(agree=False, lang=None)  # the second in a row: fires on the sum
+    assert restarted.scopes == {"all"} and state.overall.fired_at == 2
+
+    fresh = Guard(Watch(0.1, 0.1, judging="ab" * 32), suspend=True)
+    fresh.audit(agree=False, lang=None)
+    assert not fresh.suspended  # what the restart would have done without the state
+
+    recalibrated = Guard(Watch(0.1, 0.1, judging="cd" * 32), suspend=True)
+    assert recalibrated.resume(state) is recalibrated.watch is not state
+    assert recalibrated.watch.overall.audits == 0

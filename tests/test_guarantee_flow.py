@@ -428,3 +428,31 @@ def test_thousands_of_invented_languages_neither_kill_a_worker_nor_grow_the_metr
     }
     assert set(dead) == set(bad)
     assert all(d.reason.value == "schema" and "lang" in d.detail for d in dead.values())
+
+
+def test_the_live_test_resumes_from_the_snapshot_after_a_restart_instead_of_starting_over(
+    kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
+) -> None:
+    from kascade.operators.guarantee import BoundTest
+
+    _, disagree = by_agreement(calibrated, texts(100) + word_salad(1500))
+    # The calibrated fixture's bound (epsilon 0.1, delta 0.1): one disagreeing audit is
+    # evidence but no alarm; a second one after it is an alarm.
+    test = BoundTest(0.1, 0.1)
+    assert not test.observe(True) and test.observe(True)
+    recovery = tmp_path / "recovery"
+    errs = []
+    for n in (1, 2):  # two runs of the job, one disagreeing document each
+        send(kafka_settings, docs(f"r{n}", disagree, 1))
+        job = kascade_run(
+            kafka_settings, calibrated, "--bounded", "--cascade", "on",
+            "--cascade.audit-fraction", "1", "--recovery-dir", str(recovery),
+        )  # fmt: skip
+        _, err = job.communicate(timeout=120)
+        assert job.returncode == 0, err
+        errs.append(err)
+    assert "cascade guarantee violated" not in errs[0], errs[0]
+    # A test started over would have seen one audit, and said nothing.
+    assert "cascade guarantee violated" in errs[1], errs[1]
+    assert "100% of 2 audited chunks" in errs[1], errs[1]
+    assert set(output_ids(kafka_settings)) == {"r1-0", "r2-0"}
