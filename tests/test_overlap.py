@@ -43,6 +43,32 @@ def test_texts_sharing_a_sentence_in_any_script_are_one_group() -> None:
     assert got == [0, 1, 0, 3, 3]
 
 
+def test_a_copied_sentence_with_a_word_or_a_date_changed_still_joins_its_texts() -> None:
+    got = groups([
+        "Markets fell sharply on Monday after the central bank raised interest rates again.",
+        "A story about something else entirely, with nothing copied from anywhere.",
+        "Intro. Markets fell sharply on Tuesday after the central bank raised interest rates.",
+        "Der Zug nach Berlin fährt am 12. März um 14 Uhr vom Hauptbahnhof ab, pünktlich.",
+        "Der Zug nach Hamburg fährt am 3. April um 9 Uhr vom Hauptbahnhof ab, pünktlich.",
+        "東京の新しい美術館は来月開館する予定で、多くの観光客が訪れると見られています。",
+        "大阪の新しい美術館は来月開館する予定で、多くの観光客が訪れると見られています。",
+    ])  # fmt: skip
+    assert got == [0, 1, 0, 3, 3, 5, 5]
+    assert shared(
+        ["Nothing here. The festival opens on 4 June with a concert in the old harbour."],
+        ["The festival opens on 9 July with a concert in the old harbour.", "Other text."],
+    ) == (1, 1)
+
+
+def test_sentences_on_one_topic_in_the_same_words_are_not_taken_for_copies() -> None:
+    got = groups([
+        "The central bank raised interest rates to fight inflation this spring.",
+        "Inflation fell after the central bank kept interest rates high all year.",
+        "Interest rates at the central bank will stay where they are, analysts say.",
+    ])  # fmt: skip
+    assert got == [0, 1, 2]
+
+
 def test_short_common_phrases_do_not_join_texts() -> None:
     assert groups(["Yes. The first long sentence here.", "Yes. Another long sentence there."]) == [
         0,

@@ -7,13 +7,17 @@ document, or two documents with one sentence, on both sides: the heads then sett
 certification chunks they have in effect seen, and the certified figure is optimistic on
 held-out text (docs/BENCHMARKS.md section 14). So calibration splits *groups* of texts:
 texts that share a sentence (after normalization: case, digits, punctuation and spacing
-ignored) are one group, and a group goes wholly to fitting or wholly to certifying.
+ignored), or a near-duplicate of one (the same sentence with a word, a name or a date
+changed), are one group, and a group goes wholly to fitting or wholly to certifying.
 
 >>> groups(["The cat sat on the mat today.", "A dog. THE CAT SAT ON THE MAT, TODAY!", "x"])
 [0, 0, 2]
 >>> groups(["Le chat dort.", "x", "The cat sleeps."], related=["s1", "s2", "s1"])  # translations
 [0, 1, 0]
 >>> shared(["Rain is expected over the weekend."], ["rain is expected over the weekend"])
+(1, 1)
+>>> shared(["Heavy rain is expected over the long weekend in the north of the country."],
+...        ["Heavy rain is expected over the long weekend in the south of the country."])
 (1, 1)
 """
 
@@ -25,28 +29,82 @@ import unicodedata
 from collections.abc import Hashable
 
 import numpy as np
+from datasketch import MinHash, MinHashLSH
 
 # Sentence ends in the scripts kascade is measured on (Latin, CJK, Devanagari, Arabic).
 _SENTENCE_END = re.compile(r"(?<=[.!?;\u3002\uff01\uff1f\u0964\u061f])\s*|\n+")
 _NOT_WORD = re.compile(r"[\W\d_]+")
 # Shorter normalized sentences ("Yes.", "Read more") repeat by chance, not by copying.
 MIN_CHARS = 20
+# Near-duplicates: sentences whose character 5-grams overlap this much (Jaccard), as a
+# copied sentence with a date, a name or a word changed does (one word of a 100-character
+# sentence: about 0.8); unrelated sentences stay far below (~0.1).
+SHINGLE_CHARS = 5
+NEAR = 0.7
+PERMUTATIONS = 64
 
 
-def sentence_keys(text: str) -> set[bytes]:
-    """Hashes of the normalized sentences of ``text`` long enough to mean copying."""
-    keys = set()
+def sentences(text: str) -> list[str]:
+    """The normalized sentences of ``text`` long enough to mean copying."""
+    out = []
     for sentence in _SENTENCE_END.split(text):
         norm = _NOT_WORD.sub(" ", unicodedata.normalize("NFKC", sentence).casefold()).strip()
         if len(norm) >= MIN_CHARS:
-            keys.add(hashlib.blake2b(norm.encode(), digest_size=12).digest())
-    return keys
+            out.append(norm)
+    return out
+
+
+def _exact(sentence: str) -> bytes:
+    return hashlib.blake2b(sentence.encode(), digest_size=12).digest()
+
+
+def _shingles(sentence: str) -> list[bytes]:
+    """Character shingles: the same in every script, spaced or not."""
+    n = SHINGLE_CHARS
+    return [sentence[i : i + n].encode() for i in range(max(1, len(sentence) - n + 1))]
+
+
+class SentenceIndex:
+    """The sentences seen so far, each with the text it came from, found again exactly or
+    nearly (MinHash over character shingles, LSH at Jaccard :data:`NEAR`)."""
+
+    def __init__(self) -> None:
+        self._exact: dict[bytes, int] = {}
+        self._lsh = MinHashLSH(threshold=NEAR, num_perm=PERMUTATIONS)
+        self._owner: dict[int, int] = {}  # LSH key -> text
+
+    def match(self, text: str) -> tuple[set[int], int]:
+        """The texts that hold a sentence of ``text`` (exactly or nearly), and how many of
+        its sentences they hold."""
+        owners: set[int] = set()
+        found = 0
+        for sentence, sketch in self._sketched(text):
+            hits = {self._owner[k] for k in self._lsh.query(sketch)}
+            exact = self._exact.get(_exact(sentence))
+            if exact is not None:
+                hits.add(exact)
+            owners |= hits
+            found += bool(hits)
+        return owners, found
+
+    def add(self, owner: int, text: str) -> None:
+        for sentence, sketch in self._sketched(text):
+            if self._exact.setdefault(_exact(sentence), owner) == owner:
+                key = len(self._owner)
+                self._owner[key] = owner
+                self._lsh.insert(key, sketch)
+
+    @staticmethod
+    def _sketched(text: str) -> list[tuple[str, MinHash]]:
+        found = sentences(text)
+        sketches = MinHash.bulk([_shingles(s) for s in found], num_perm=PERMUTATIONS, seed=1)
+        return list(zip(found, sketches, strict=True))
 
 
 def groups(texts: list[str], related: list[Hashable] | None = None) -> list[int]:
     """For each text, its group: the smallest index of a text it is connected to through
-    shared sentences, or through an equal ``related`` value (e.g. the id a parallel
-    corpus gives a sentence and its translations), by union-find."""
+    shared sentences (exact or near-duplicate), or through an equal ``related`` value
+    (e.g. the id a parallel corpus gives a sentence and its translations), by union-find."""
     parent = list(range(len(texts)))
 
     def root(i: int) -> int:
@@ -55,30 +113,34 @@ def groups(texts: list[str], related: list[Hashable] | None = None) -> list[int]
             i = parent[i]
         return i
 
+    def join(i: int, j: int) -> None:
+        a, b = root(i), root(j)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+
+    index = SentenceIndex()
     first: dict[Hashable, int] = {}
     for i, text in enumerate(texts):
-        keys: set[Hashable] = set(sentence_keys(text))
+        for j in index.match(text)[0]:
+            join(i, j)
+        index.add(i, text)
         if related is not None:
-            keys.add(("related", related[i]))
-        for key in keys:
-            j = first.setdefault(key, i)
-            a, b = root(i), root(j)
-            if a != b:
-                parent[max(a, b)] = min(a, b)
+            join(i, first.setdefault(related[i], i))
     return [root(i) for i in range(len(texts))]
 
 
 def shared(these: list[str], those: list[str]) -> tuple[int, int]:
-    """How many of ``these`` texts share a sentence with ``those``, and how many distinct
-    sentences they share."""
-    theirs = set().union(*(sentence_keys(t) for t in those)) if those else set()
-    common: set[bytes] = set()
-    texts = 0
+    """How many of ``these`` texts share a sentence (exactly or nearly) with ``those``,
+    and how many of their sentences do."""
+    index = SentenceIndex()
+    for i, text in enumerate(those):
+        index.add(i, text)
+    texts = sentences_shared = 0
     for text in these:
-        both = sentence_keys(text) & theirs
-        texts += bool(both)
-        common |= both
-    return texts, len(common)
+        owners, found = index.match(text)
+        texts += bool(owners)
+        sentences_shared += found
+    return texts, sentences_shared
 
 
 def split_by_group(
