@@ -27,7 +27,7 @@ from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.formats import Reader, Writer
 from kascade.operators.full_model import classify
 from kascade.operators.guarantee import Guard, Shared, Watch
-from kascade.operators.items import ChunkResult, ChunkTask, Outgoing
+from kascade.operators.items import ChunkResult, ChunkTask, Outcome, Outgoing
 from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.streams import by_class
@@ -289,14 +289,14 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
         settings.chunking,
         cut_at_limit=stop is not None,
     )
-    late_dead = []
+    late_dead, outcomes = [], None
     if in_force is not None:
-        results, cascade_dead = _cascaded(chunked.chunks, settings, prepared, in_force)
+        results, outcomes, cascade_dead = _cascaded(chunked.chunks, settings, prepared, in_force)
         late_dead.append(cascade_dead)
     else:
         everything = op.redistribute("spread", chunked.chunks)
         results = classify("classify", everything, model, settings.encoder, prepared.engine)
-    records = assemble("assemble", results, chunked.empty, labeling)
+    records = assemble("assemble", results, chunked.empty, labeling, outcomes)
     limit = settings.kafka.record_limit()
     writer = Writer(settings.output, settings.registry, settings.kafka.output_topic)
     serialized = op.map(
@@ -311,9 +311,10 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
 
 def _cascaded(
     chunks: Stream[ChunkTask], settings: Settings, prepared: Prepared, in_force: Cascade
-) -> tuple[Stream[ChunkResult], Stream[DeadLetter]]:
+) -> tuple[Stream[ChunkResult], Stream[Outcome], Stream[DeadLetter]]:
     """Chunks through the cheap stages, the rest (and the audits) through the full model:
-    every chunk's result, and the dead letters the cascade step made."""
+    every chunk's result, how each document was read, and the dead letters the cascade
+    step made."""
     # This process's guard, handed to the two steps that use it (no module global): the
     # cascade asks it what is suspended, the live test counts the audits into it.
     guard = watch_the_bound(settings, in_force)
@@ -336,4 +337,4 @@ def _cascaded(
     audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
     one_test = op.key_on("to_the_test", audits.trues, lambda _r: LIVE_TEST)
     op.stateful_map("live_test", one_test, functools.partial(_live_test, guard))
-    return op.merge("results", cheap.settled, audits.falses), cheap.dead
+    return op.merge("results", cheap.settled, audits.falses), cheap.outcomes, cheap.dead

@@ -18,7 +18,6 @@ S1 estimate stands.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,7 +35,7 @@ from kascade.operators.calibration import Cascade
 from kascade.operators.encoder import Loaded
 from kascade.operators.full_model import worker_encoder
 from kascade.operators.guarantee import Guard
-from kascade.operators.items import ChunkResult, ChunkTask, Escalation
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
 from kascade.operators.reading import stop_label
 from kascade.operators.streams import by_class
 
@@ -48,7 +47,7 @@ from kascade.schemas.cascade import StopRule
 from kascade.schemas.engine import Engine
 from kascade.schemas.settings import CascadeSettings
 
-Out = ChunkResult | Escalation | DeadLetter
+Out = ChunkResult | Escalation | Outcome | DeadLetter
 
 
 @dataclass
@@ -133,8 +132,7 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
             task = s.tasks[s.read]
             if self.suspends(task.doc.lang):
                 # The live test rejected the bound here: the full model decides the chunk.
-                task = dataclasses.replace(task, doc=dataclasses.replace(task.doc, suspended=True))
-                s.tasks[s.read] = task
+                s.suspended = True
                 verdict = Verdict(Stage.UNCERTAIN, None)
             else:
                 verdict = self._cheap(task)
@@ -174,10 +172,9 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
             tokens_total=s.meta.text_tokens,
             stopped=StopReason.CERTAIN,
         )
-        out: list[Out] = []
+        out: list[Out] = [Outcome(s.meta, reading, s.suspended)]
         for i, v in sorted(s.verdicts.items()):
             t = s.tasks[i]
-            t = dataclasses.replace(t, doc=dataclasses.replace(t.doc, reading=reading))
             stage = v.stage if v.stage != Stage.UNCERTAIN else Stage.SKIPPED
             out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=stage))
             if stage != Stage.SKIPPED and audit_pick(t.doc.id, i, self.audit_fraction):
@@ -197,7 +194,7 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
             np.asarray([float(s.tasks[i].n_tokens) for i in known]),
             [float(s.tasks[i].n_tokens) for i in uncertain],
         )
-        out: list[Out] = []
+        out: list[Out] = [Outcome(s.meta, None, s.suspended)]
         for i, v in sorted(settled.items()):
             t = s.tasks[i]
             out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=v.stage))
@@ -214,13 +211,16 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
     def snapshot(self) -> CascadeState:
         assert self.state is not None
         s = self.state
-        return CascadeState(s.meta, dict(s.tasks), dict(s.verdicts), set(s.arrived), s.decided)
+        return CascadeState(
+            s.meta, dict(s.tasks), dict(s.verdicts), set(s.arrived), s.decided, s.suspended
+        )
 
 
 @dataclass(frozen=True)
 class CascadeOut:
     settled: Stream[ChunkResult]
     escalations: Stream[Escalation]
+    outcomes: Stream[Outcome]  # one per document decided
     dead: Stream[DeadLetter]  # texts cut at the chunk limit whose stop did not come
 
 
@@ -259,5 +259,6 @@ def cascade(
     keyed = op.key_on("by_record", up, lambda t: t.doc.unit)
     decided = op.key_rm("unkey", op.stateful("stages", keyed, build))
     dead, live = by_class("too_long", decided, DeadLetter)
-    escalations, settled = by_class("escalate", live, Escalation)
-    return CascadeOut(settled=settled, escalations=escalations, dead=dead)
+    outcomes, chunks = by_class("outcomes", live, Outcome)
+    escalations, settled = by_class("escalate", chunks, Escalation)
+    return CascadeOut(settled=settled, escalations=escalations, outcomes=outcomes, dead=dead)

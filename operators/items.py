@@ -86,10 +86,6 @@ class DocMeta:
     # A text longer than the chunk limit, cut there for a reader that may stop before it:
     # its too_long dead letter, sent if the stop does not come (first chunk only).
     over_limit: DeadLetter | None = None
-    # Set by a certified stop, on every chunk it lets through: how much was read.
-    reading: Reading | None = None
-    # Read while the live test had suspended the cheap stages (operators.guarantee).
-    suspended: bool = False
 
     @property
     def unit(self) -> str:
@@ -104,10 +100,21 @@ class DocMeta:
         # Without a position (a test's hand-made record) the id is all there is.
         return f"id:{self.id}" if self.source is None else self.source.key
 
+
+@dataclass(frozen=True)
+class Outcome:
+    """How the cascade read one document, sent once when it is decided: how far (a
+    certified stop's :class:`Reading`; ``None``: every chunk) and whether the live test
+    had suspended the cheap stages for any of its chunks (:mod:`.guarantee`)."""
+
+    doc: DocMeta
+    reading: Reading | None = None
+    suspended: bool = False
+
     @property
     def chunks_expected(self) -> int:
-        """Chunk results that make this document complete."""
-        return self.total_chunks if self.reading is None else self.reading.chunks_read
+        """Chunk results that make the document complete."""
+        return self.doc.total_chunks if self.reading is None else self.reading.chunks_read
 
 
 @dataclass(frozen=True)

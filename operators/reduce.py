@@ -24,7 +24,7 @@ from bytewax.operators import StatefulLogic
 
 from kascade.operators import metrics
 from kascade.operators.aggregation import STRATEGIES
-from kascade.operators.items import ChunkResult, DocMeta, Envelope
+from kascade.operators.items import ChunkResult, DocMeta, Envelope, Outcome
 from kascade.schemas import (
     Aggregation,
     CascadeUse,
@@ -81,26 +81,32 @@ class Labeling:
 @dataclass
 class Assembly:
     """The chunks of one document seen so far, by index (so a replayed chunk is not
-    counted twice)."""
+    counted twice), and how the cascade read it, once it says."""
 
     meta: DocMeta
     results: dict[int, ChunkResult] = field(default_factory=dict)
+    outcome: Outcome | None = None
 
-    def add(self, result: ChunkResult) -> None:
-        self.results[result.index] = result
-        if result.doc.envelope is not None:
-            self.meta = result.doc  # the first chunk's carries the input's envelope
+    def add(self, item: ChunkResult | Outcome) -> None:
+        if isinstance(item, Outcome):
+            self.outcome = item
+            return
+        self.results[item.index] = item
+        if item.doc.envelope is not None:
+            self.meta = item.doc  # the first chunk's carries the input's envelope
 
-    @property
-    def complete(self) -> bool:
-        return len(self.results) >= self.meta.chunks_expected
+    def complete(self, with_outcome: bool) -> bool:
+        """Every result in; ``with_outcome``: and the cascade said how far it read."""
+        if self.outcome is not None:
+            return len(self.results) >= self.outcome.chunks_expected
+        return not with_outcome and len(self.results) >= self.meta.total_chunks
 
 
 def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def reading_of(meta: DocMeta) -> Reading:
+def reading_of(meta: DocMeta, outcome: Outcome | None = None) -> Reading:
     """How much of the document was read: what a certified stop recorded, else all of it.
 
     >>> meta = DocMeta("d", total_chunks=3, lang=None, metadata=None, timestamp_ms=None,
@@ -108,8 +114,8 @@ def reading_of(meta: DocMeta) -> Reading:
     >>> reading_of(meta).stopped.value, reading_of(meta).tokens_read
     ('end', 700)
     """
-    if meta.reading is not None:
-        return meta.reading
+    if outcome is not None and outcome.reading is not None:
+        return outcome.reading
     return Reading(
         chunks_read=meta.total_chunks,
         chunks_total=meta.total_chunks,
@@ -120,10 +126,16 @@ def reading_of(meta: DocMeta) -> Reading:
 
 
 def label_document(
-    meta: DocMeta, results: list[ChunkResult], labeling: Labeling, now_ms: int
+    meta: DocMeta,
+    results: list[ChunkResult],
+    labeling: Labeling,
+    now_ms: int,
+    outcome: Outcome | None = None,
 ) -> OutputRecord:
-    """The output record of a complete document."""
-    reading = reading_of(meta)
+    """The output record of a complete document (read as ``outcome`` says; ``None``: all
+    of it, the cascade not suspended)."""
+    reading = reading_of(meta, outcome)
+    suspended = outcome is not None and outcome.suspended
     verdicts = [ChunkVerdict(r.index, r.n_tokens, r.probs) for r in results]
     doc = aggregate(verdicts, labeling.aggregation, labeling.labels)
     stages = Counter(r.stage for r in results if r.probs is not None)
@@ -148,7 +160,7 @@ def label_document(
         latency_ms=latency,
         degraded=bool(reasons),
         reasons=reasons,
-        cascade=CascadeUse.SUSPENDED if any(r.doc.suspended for r in results) else labeling.cascade,
+        cascade=CascadeUse.SUSPENDED if suspended else labeling.cascade,
         reading=reading,
         lang=meta.lang,
         metadata=meta.metadata,
@@ -157,12 +169,16 @@ def label_document(
 
 
 def label_or_degraded(
-    meta: DocMeta, results: list[ChunkResult], labeling: Labeling, now_ms: int
+    meta: DocMeta,
+    results: list[ChunkResult],
+    labeling: Labeling,
+    now_ms: int,
+    outcome: Outcome | None = None,
 ) -> OutputRecord:
     """:func:`label_document`, or if that fails a degraded record without a label
     saying why: a document's output never takes the job down with it."""
     try:
-        return label_document(meta, results, labeling, now_ms)
+        return label_document(meta, results, labeling, now_ms, outcome)
     except Exception as e:
         return OutputRecord(
             id=meta.id,
@@ -188,44 +204,63 @@ class Labeled:
     envelope: Envelope | None = None
 
 
-def labeled(meta: DocMeta, results: list[ChunkResult], labeling: Labeling, now_ms: int) -> Labeled:
-    record = label_or_degraded(meta, results, labeling, now_ms)
+def labeled(
+    meta: DocMeta,
+    results: list[ChunkResult],
+    labeling: Labeling,
+    now_ms: int,
+    outcome: Outcome | None = None,
+) -> Labeled:
+    record = label_or_degraded(meta, results, labeling, now_ms, outcome)
     if record.reading is not None:
         metrics.TOKENS.labels("read").inc(record.reading.tokens_read)
         metrics.TOKENS.labels("skipped").inc(record.reading.skipped_tokens)
     return Labeled(record, meta.envelope)
 
 
+Part = ChunkResult | Outcome  # what assembles a document
+
+
 @dataclass
-class AssembleLogic(StatefulLogic[ChunkResult, Labeled, Assembly]):
-    """Per document: collect chunk results; emit one record when all are in."""
+class AssembleLogic(StatefulLogic[Part, Labeled, Assembly]):
+    """Per document: collect chunk results (and, ``with_outcome``, how the cascade read
+    it); emit one record when all are in."""
 
     labeling: Labeling
     state: Assembly | None = None
     now_ms: Callable[[], int] = _wall_ms
+    with_outcome: bool = False
 
-    def on_item(self, value: ChunkResult) -> tuple[list[Labeled], bool]:
+    def on_item(self, value: Part) -> tuple[list[Labeled], bool]:
         if self.state is None:
             self.state = Assembly(value.doc)
-        self.state.add(value)
-        if not self.state.complete:
+        a = self.state
+        a.add(value)
+        if not a.complete(self.with_outcome):
             return [], StatefulLogic.RETAIN
-        out = labeled(
-            self.state.meta, list(self.state.results.values()), self.labeling, self.now_ms()
-        )
+        out = labeled(a.meta, list(a.results.values()), self.labeling, self.now_ms(), a.outcome)
         return [out], StatefulLogic.DISCARD
 
     def snapshot(self) -> Assembly:
         assert self.state is not None
-        return Assembly(self.state.meta, dict(self.state.results))
+        return Assembly(self.state.meta, dict(self.state.results), self.state.outcome)
 
 
 @operator
 def assemble(
-    step_id: str, results: Stream[ChunkResult], empty: Stream[DocMeta], labeling: Labeling
+    step_id: str,
+    results: Stream[ChunkResult],
+    empty: Stream[DocMeta],
+    labeling: Labeling,
+    outcomes: Stream[Outcome] | None = None,
 ) -> Stream[Labeled]:
-    """One :class:`Labeled` record per document, from its chunk results (or none at all)."""
-    keyed = op.key_on("by_record", results, lambda r: r.doc.unit)
-    records = op.stateful("collect", keyed, lambda resume: AssembleLogic(labeling, resume))
+    """One :class:`Labeled` record per document, from its chunk results (or none at all)
+    and, where a cascade reads the documents, its one :class:`Outcome` per document."""
+    parts: Stream[Part] = results if outcomes is None else op.merge("parts", results, outcomes)
+    keyed = op.key_on("by_record", parts, lambda r: r.doc.unit)
+    with_outcome = outcomes is not None
+    records = op.stateful(
+        "collect", keyed, lambda resume: AssembleLogic(labeling, resume, with_outcome=with_outcome)
+    )
     no_chunks = op.map("no_chunks", empty, lambda meta: labeled(meta, [], labeling, _wall_ms()))
     return op.merge("documents", op.key_rm("unkey", records), no_chunks)

@@ -54,6 +54,7 @@ class CascadeState:
     verdicts: dict[int, Verdict] = field(default_factory=dict)
     arrived: set[int] = field(default_factory=set)
     decided: bool = False  # labeled or escalated: later arrivals are not read
+    suspended: bool = False  # a chunk was read while the live test suspended the stages
 
     @property
     def read(self) -> int:

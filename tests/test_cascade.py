@@ -11,7 +11,7 @@ import pytest
 from kascade.operators.audits import audit_pick
 from kascade.operators.calibration import Head
 from kascade.operators.cascade import CascadeLogic
-from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
 from kascade.operators.verdicts import Verdict
 from kascade.schemas import Aggregation
 from kascade.toolchain.calibrate import HEAD_CS, PATH, fit_head
@@ -88,8 +88,9 @@ def test_uncertain_chunks_are_skipped_when_the_document_is_already_decided() -> 
     for i in (0, 1):
         logic.on_item(task(i, 300))
     out, _ = logic.on_item(task(2, 50))  # margin 0.96*300*2 far exceeds 50 tokens
-    assert all(isinstance(x, ChunkResult) for x in out)
-    assert [x.stage for x in out] == ["s0", "s1", "skipped"]
+    assert isinstance(out[0], Outcome) and out[0].reading is None  # every chunk read
+    assert all(isinstance(x, ChunkResult) for x in out[1:])
+    assert [x.stage for x in out[1:]] == ["s0", "s1", "skipped"]
 
 
 def test_a_replayed_chunk_is_not_run_through_the_cheap_stages_twice() -> None:
@@ -107,7 +108,7 @@ def test_the_state_survives_a_snapshot_and_restore() -> None:
     logic.on_item(task(1))
     resumed = CascadeLogic(stages, TM, state=logic.snapshot())
     out, discard = resumed.on_item(task(2))
-    assert discard is CascadeLogic.DISCARD and len(out) == 3
+    assert discard is CascadeLogic.DISCARD and len(out) == 1 + 3  # the outcome, 3 results
     assert stages.calls == 3
 
 
@@ -269,7 +270,8 @@ def test_turns_change_when_chunks_are_read_never_what_a_document_gets() -> None:
         outs[1].extend(at_once.on_item(t)[0])
     while one_by_one.notify_at() is not None:
         outs[0].extend(one_by_one.on_notify()[0])
-    assert [(r.index, r.stage) for r in outs[0]] == [(r.index, r.stage) for r in outs[1]]
+    read = [[(r.index, r.stage) for r in out if isinstance(r, ChunkResult)] for out in outs]
+    assert read[0] == read[1] and len(read[0]) == 5
 
 
 def test_at_the_end_of_the_input_every_waiting_chunk_is_read_at_once() -> None:
@@ -279,5 +281,5 @@ def test_at_the_end_of_the_input_every_waiting_chunk_is_read_at_once() -> None:
         logic.on_item(t)
     assert len(stages.read) == 1 and logic.notify_at() is not None
     out, discard = logic.on_eof()  # a drain or the end of a bounded run: no more turns
-    assert len(stages.read) == 4 and len(out) == 4
+    assert len(stages.read) == 4 and len(out) == 1 + 4  # the outcome, 4 results
     assert discard is CascadeLogic.DISCARD

@@ -13,7 +13,7 @@ import pytest
 from kascade.operators import metrics
 from kascade.operators.cascade import CascadeLogic
 from kascade.operators.guarantee import BoundTest, Guard, Watch
-from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
 from kascade.operators.reduce import Labeling, label_document
 from kascade.operators.verdicts import Verdict
 from kascade.schemas import Aggregation, CascadeUse, ModelIdentity
@@ -110,9 +110,12 @@ def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_
     for i in range(2):
         out += logic.on_item(ChunkTask(meta, i, np.arange(10), 10))[0]
     assert calls == []  # not even S0
-    assert all(isinstance(e, Escalation) and e.task.doc.suspended for e in out)
+    outcome, escalated = out[0], out[1:]
+    assert isinstance(outcome, Outcome) and outcome.suspended
+    assert len(escalated) == 2 and all(isinstance(e, Escalation) for e in escalated)
     results = [
-        ChunkResult(e.task.doc, e.task.index, 10, np.array([0.2, 0.8]), stage="full") for e in out
+        ChunkResult(e.task.doc, e.task.index, 10, np.array([0.2, 0.8]), stage="full")
+        for e in escalated
     ]
     labeling = Labeling(
         labels=["a", "b"],
@@ -120,7 +123,7 @@ def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_
         model=ModelIdentity(name="x", variant="fp32", manifest_sha256="0" * 64),
         cascade=CascadeUse.ON,
     )
-    record = label_document(meta, results, labeling, now_ms=0)
+    record = label_document(meta, results, labeling, now_ms=0, outcome=outcome)
     assert record.cascade is CascadeUse.SUSPENDED and record.chunks.full_model == 2
 
 

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
-from helpers import kascade_cli, long_documents, texts
+from helpers import kascade_cli, texts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -43,30 +43,31 @@ def test_texts_sharing_a_sentence_in_any_script_are_one_group() -> None:
     assert got == [0, 1, 0, 3, 3]
 
 
-def test_a_copied_sentence_with_a_word_or_a_date_changed_still_joins_its_texts() -> None:
-    got = groups([
+def test_a_copied_sentence_with_a_word_a_name_or_a_date_changed_is_found_between_inputs() -> None:
+    texts = [
         "Markets fell sharply on Monday after the central bank raised interest rates again.",
-        "A story about something else entirely, with nothing copied from anywhere.",
-        "Intro. Markets fell sharply on Tuesday after the central bank raised interest rates.",
         "Der Zug nach Berlin fährt am 12. März um 14 Uhr vom Hauptbahnhof ab, pünktlich.",
-        "Der Zug nach Hamburg fährt am 3. April um 9 Uhr vom Hauptbahnhof ab, pünktlich.",
         "東京の新しい美術館は来月開館する予定で、多くの観光客が訪れると見られています。",
+        "A story about something else entirely, with nothing copied from anywhere.",
+    ]
+    documents = [
+        "Intro. Markets fell sharply on Tuesday after the central bank raised interest rates.",
+        "Der Zug nach Hamburg fährt am 3. April um 9 Uhr vom Hauptbahnhof ab, pünktlich.",
         "大阪の新しい美術館は来月開館する予定で、多くの観光客が訪れると見られています。",
-    ])  # fmt: skip
-    assert got == [0, 1, 0, 3, 3, 5, 5]
-    assert shared(
-        ["Nothing here. The festival opens on 4 June with a concert in the old harbour."],
-        ["The festival opens on 9 July with a concert in the old harbour.", "Other text."],
-    ) == (1, 1)
+        "Nothing of the kind. A page about gardening, with tomatoes and beans in rows.",
+    ]
+    assert shared(documents, texts) == (3, 3)
+    # Within one input only exact copies join texts (the split's groups).
+    assert groups(texts + documents) == list(range(8))
 
 
 def test_sentences_on_one_topic_in_the_same_words_are_not_taken_for_copies() -> None:
-    got = groups([
-        "The central bank raised interest rates to fight inflation this spring.",
+    texts = ["The central bank raised interest rates to fight inflation this spring."]
+    others = [
         "Inflation fell after the central bank kept interest rates high all year.",
         "Interest rates at the central bank will stay where they are, analysts say.",
-    ])  # fmt: skip
-    assert got == [0, 1, 2]
+    ]
+    assert shared(others, texts) == (0, 0)
 
 
 def test_short_common_phrases_do_not_join_texts() -> None:
@@ -82,17 +83,24 @@ def test_calibrate_names_documents_that_share_sentences_with_its_texts(
 ) -> None:
     model = tmp_path / "model"
     shutil.copytree(exported["modernbert"], model)
-    docs = [d.text for d in long_documents(60, seed=3)]
+    # Documents of another source than the calibration texts (the test corpus's long
+    # documents are made of its sentences, as its texts are: near-copies of them).
+    docs = [
+        f"Archive entry {i}. " + "The crate by the north wall holds old maps and letters. " * 9
+        for i in range(60)
+    ]
     calibration = tmp_path / "texts.jsonl"
     calibration.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(400)))
     documents = tmp_path / "documents.jsonl"
-    # two of them carry a calibration text whole, as a copied page would
+    # two of them carry a calibration text whole, as a copied page would, and one with a
+    # word changed
     docs[0] += ". " + texts(400)[5] + "."
     docs[1] = texts(400)[9] + ". " + docs[1]
+    docs[2] += ". " + texts(400)[11].replace(" the ", " a ", 1) + "."
     documents.write_text("".join(json.dumps({"text": t}) + "\n" for t in docs))
     r = kascade_cli(
         "calibrate", "--model", str(model), "--texts", str(calibration), "--documents",
         str(documents), "--epsilon", "0.1", "--delta", "0.1", "--epsilon-doc", "0.2",
         "--chunk-tokens", "64", "--overlap", "8", timeout=600,
     )  # fmt: skip
-    assert "2 of the 60 --documents texts share 2 sentences with --texts" in r.stderr, r.stderr
+    assert "3 of the 60 --documents texts share 3 sentences with --texts" in r.stderr, r.stderr

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from kascade.operators.cascade import CascadeLogic
-from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
 from kascade.operators.reading import STOP_PATH, Seen, first_stop, stop_label
 from kascade.operators.reduce import AssembleLogic, Labeling
 from kascade.operators.verdicts import Verdict
@@ -149,14 +149,22 @@ def feed(logic: CascadeLogic, order: list[int], meta: DocMeta = META) -> list:
     return out
 
 
+def outcome_of(out: list) -> tuple[Outcome | None, list]:
+    """The document's one outcome (once decided), and the other items in order."""
+    outcomes = [x for x in out if isinstance(x, Outcome)]
+    assert len(outcomes) <= 1, outcomes
+    return (outcomes[0] if outcomes else None), [x for x in out if not isinstance(x, Outcome)]
+
+
 def test_a_clear_document_stops_and_the_rest_is_never_computed() -> None:
     stages = clear_doc()
     logic = CascadeLogic(stages, TM, stop=TWO)
-    out = feed(logic, list(range(6)))
+    outcome, out = outcome_of(feed(logic, list(range(6))))
     assert stages.read == [0, 1]
     assert [(r.index, r.stage) for r in out] == [(0, "s1"), (1, "s1")]
-    reading = out[0].doc.reading
-    assert reading.stopped is StopReason.CERTAIN
+    assert outcome is not None and not outcome.suspended
+    reading = outcome.reading
+    assert reading is not None and reading.stopped is StopReason.CERTAIN
     assert (reading.chunks_read, reading.chunks_total) == (2, 6)
     assert (reading.tokens_read, reading.tokens_total) == (200, 600)
     assert logic.state is not None and logic.state.decided
@@ -173,22 +181,23 @@ def test_chunks_arriving_out_of_order_are_read_in_order() -> None:
     stages = clear_doc()
     logic = CascadeLogic(stages, TM, stop=TWO)
     assert feed(logic, [2, 1]) == []
-    out = feed(logic, [0])
-    assert stages.read == [0, 1] and len(out) == 2
+    outcome, out = outcome_of(feed(logic, [0]))
+    assert stages.read == [0, 1] and len(out) == 2 and outcome is not None
 
 
 def test_uncertain_chunks_read_before_a_stop_keep_their_cheap_estimate() -> None:
     stages = Stages([Verdict("uncertain", MILD_A)] + [Verdict("s0", A)] * 5)
-    out = feed(CascadeLogic(stages, TM, stop=TWO), list(range(6)))
+    _, out = outcome_of(feed(CascadeLogic(stages, TM, stop=TWO), list(range(6))))
     assert [(r.index, r.stage) for r in out] == [(0, "skipped"), (1, "s0"), (2, "s0")]
     assert not any(isinstance(x, Escalation) for x in out)
 
 
 def test_without_a_stop_every_chunk_is_read_and_uncertain_ones_escalated() -> None:
     stages = Stages([Verdict("s1", B)] * 5 + [Verdict("uncertain", A, np.zeros(1))])
-    out = feed(CascadeLogic(stages, TM), list(range(6)))
+    outcome, out = outcome_of(feed(CascadeLogic(stages, TM), list(range(6))))
     assert stages.read == list(range(6))
-    assert all(r.doc.reading is None for r in out if isinstance(r, ChunkResult))
+    assert outcome is not None and outcome.reading is None  # read to the end
+    assert len(out) == 6  # a result or an escalation for every chunk
 
 
 def test_replay_after_a_restart_reads_the_same_chunks_and_gives_the_same_results() -> None:
@@ -202,9 +211,9 @@ def test_replay_after_a_restart_reads_the_same_chunks_and_gives_the_same_results
     resumed = CascadeLogic(resumed_stages, TM, stop=TWO, state=first.snapshot())
     again = feed(resumed, [0, 1, 2, 3, 4, 5])  # the input replayed from the snapshot
     assert resumed_stages.read == [2]  # chunks 0 and 1 were read before the snapshot
-    assert [(r.index, r.stage, r.doc.reading) for r in again] == [
-        (r.index, r.stage, r.doc.reading) for r in straight
-    ]
+    (was, straight), (now, again) = outcome_of(straight), outcome_of(again)
+    assert [(r.index, r.stage) for r in again] == [(r.index, r.stage) for r in straight]
+    assert now == was and now is not None and now.reading is not None
 
 
 LONG = dataclasses.replace(META, total_chunks=3, text_chunks=9, text_tokens=900)
@@ -223,8 +232,8 @@ def test_a_text_cut_at_the_limit_is_labeled_when_its_stop_comes_before_the_limit
     first = dataclasses.replace(LONG, over_limit=TOO_LONG)
     logic = CascadeLogic(clear_doc(), TM, stop=TWO)
     out = logic.on_item(task(0, first))[0] + feed(logic, [1, 2], LONG)
-    assert [type(x) for x in out] == [ChunkResult, ChunkResult]
-    assert out[0].doc.reading.chunks_total == 9
+    assert [type(x) for x in out] == [Outcome, ChunkResult, ChunkResult]
+    assert out[0].reading is not None and out[0].reading.chunks_total == 9
 
 
 def test_a_text_cut_at_the_limit_without_a_stop_before_it_is_dead_lettered_too_long() -> None:
@@ -242,9 +251,12 @@ def test_the_reduce_completes_a_stopped_document_with_its_read_chunks_and_counts
         aggregation=TM,
         model=ModelIdentity(name="m", variant="fp32", manifest_sha256="0" * 64),
     )
-    assemble = AssembleLogic(labeling, now_ms=lambda: 0)
-    assert assemble.on_item(out[0]) == ([], AssembleLogic.RETAIN)
-    (labeled,), discard = assemble.on_item(out[1])
+    assemble = AssembleLogic(labeling, now_ms=lambda: 0, with_outcome=True)
+    outcome, chunks = outcome_of(out)
+    assert outcome is not None
+    assert assemble.on_item(chunks[0]) == ([], AssembleLogic.RETAIN)
+    assert assemble.on_item(chunks[1]) == ([], AssembleLogic.RETAIN)  # how far: not yet said
+    (labeled,), discard = assemble.on_item(outcome)
     assert discard is AssembleLogic.DISCARD
     record = labeled.record
     assert record.label == "b"

@@ -7,8 +7,12 @@ document, or two documents with one sentence, on both sides: the heads then sett
 certification chunks they have in effect seen, and the certified figure is optimistic on
 held-out text (docs/BENCHMARKS.md section 14). So calibration splits *groups* of texts:
 texts that share a sentence (after normalization: case, digits, punctuation and spacing
-ignored), or a near-duplicate of one (the same sentence with a word, a name or a date
-changed), are one group, and a group goes wholly to fitting or wholly to certifying.
+ignored) are one group, and a group goes wholly to fitting or wholly to certifying.
+Between the separate inputs (``--texts``, ``--head-texts``, ``--documents``),
+:func:`shared` also finds near-duplicates (the same sentence with a word, a name or a
+date changed) and calibration names them with the counts. (Within one input the split
+does not join near-duplicates: text made from templates, like the test corpus, would
+collapse into a few groups; docs/BENCHMARKS.md section 21 measured the split as is.)
 
 >>> groups(["The cat sat on the mat today.", "A dog. THE CAT SAT ON THE MAT, TODAY!", "x"])
 [0, 0, 2]
@@ -65,12 +69,13 @@ def _shingles(sentence: str) -> list[bytes]:
 
 
 class SentenceIndex:
-    """The sentences seen so far, each with the text it came from, found again exactly or
-    nearly (MinHash over character shingles, LSH at Jaccard :data:`NEAR`)."""
+    """The sentences seen so far, each with the text it came from, found again exactly
+    or, with ``near``, nearly (MinHash over character shingles, LSH at Jaccard
+    :data:`NEAR`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, near: bool = True) -> None:
         self._exact: dict[bytes, int] = {}
-        self._lsh = MinHashLSH(threshold=NEAR, num_perm=PERMUTATIONS)
+        self._lsh = MinHashLSH(threshold=NEAR, num_perm=PERMUTATIONS) if near else None
         self._owner: dict[int, int] = {}  # LSH key -> text
 
     def match(self, text: str) -> tuple[set[int], int]:
@@ -79,7 +84,7 @@ class SentenceIndex:
         owners: set[int] = set()
         found = 0
         for sentence, sketch in self._sketched(text):
-            hits = {self._owner[k] for k in self._lsh.query(sketch)}
+            hits = set() if sketch is None else {self._owner[k] for k in self._near(sketch)}
             exact = self._exact.get(_exact(sentence))
             if exact is not None:
                 hits.add(exact)
@@ -89,22 +94,27 @@ class SentenceIndex:
 
     def add(self, owner: int, text: str) -> None:
         for sentence, sketch in self._sketched(text):
-            if self._exact.setdefault(_exact(sentence), owner) == owner:
+            new = self._exact.setdefault(_exact(sentence), owner) == owner
+            if new and sketch is not None and self._lsh is not None:
                 key = len(self._owner)
                 self._owner[key] = owner
                 self._lsh.insert(key, sketch)
 
-    @staticmethod
-    def _sketched(text: str) -> list[tuple[str, MinHash]]:
+    def _near(self, sketch: MinHash) -> list[int]:
+        return [] if self._lsh is None else self._lsh.query(sketch)
+
+    def _sketched(self, text: str) -> list[tuple[str, MinHash | None]]:
         found = sentences(text)
+        if self._lsh is None:
+            return [(s, None) for s in found]
         sketches = MinHash.bulk([_shingles(s) for s in found], num_perm=PERMUTATIONS, seed=1)
         return list(zip(found, sketches, strict=True))
 
 
 def groups(texts: list[str], related: list[Hashable] | None = None) -> list[int]:
     """For each text, its group: the smallest index of a text it is connected to through
-    shared sentences (exact or near-duplicate), or through an equal ``related`` value
-    (e.g. the id a parallel corpus gives a sentence and its translations), by union-find."""
+    shared sentences, or through an equal ``related`` value (e.g. the id a parallel
+    corpus gives a sentence and its translations), by union-find."""
     parent = list(range(len(texts)))
 
     def root(i: int) -> int:
@@ -118,7 +128,7 @@ def groups(texts: list[str], related: list[Hashable] | None = None) -> list[int]
         if a != b:
             parent[max(a, b)] = min(a, b)
 
-    index = SentenceIndex()
+    index = SentenceIndex(near=False)
     first: dict[Hashable, int] = {}
     for i, text in enumerate(texts):
         for j in index.match(text)[0]:
