@@ -4,8 +4,9 @@ A violation is a fact about a calibration and a stream, not about the process th
 it: a worker restarted after it must not settle chunks again on the stream that just
 failed the test, and the other worker processes of the job must stop settling that
 scope too. The process where the job's test fires adds the scope to
-``suspensions.json``; every process reads the file at start and while it runs. A suspension ends only when another
-calibration (another ``cascade.json`` sha256) is in force.
+``suspensions.json``; every process reads the file at start and while it runs. A
+suspension ends only when another calibration (another ``cascade.json`` sha256) is in
+force.
 
 >>> s = Suspensions().with_scope("ab" * 32, "sw", "7.9% of 151 audits")
 >>> s.scopes("ab" * 32), s.scopes("cd" * 32)
