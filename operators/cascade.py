@@ -2,8 +2,10 @@
 full-model answer would not change; only the rest pay for the transformer.
 
 Its parts: the calibration in force (:mod:`~kascade.operators.calibration`), the cheap
-verdicts S0 and S1 per chunk (:mod:`~kascade.operators.verdicts`), the document stop's
-rule (:mod:`~kascade.operators.reading`), the audit draw
+verdicts S0 and S1 per chunk (:mod:`~kascade.operators.verdicts`), the turns a document
+reads in (:mod:`~kascade.operators.turns`), the exit rules that end its reading
+(:mod:`~kascade.operators.exits`: the document stop's rule from
+:mod:`~kascade.operators.reading`, or everything read), the audit draw
 (:mod:`~kascade.operators.audits`); S2 is the rest of the model (the suffix graph, in
 :mod:`~kascade.operators.full_model`), fed the prefix's output so nothing is computed twice.
 
@@ -21,28 +23,26 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 
 import bytewax.operators as op
-import numpy as np
 from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
 
 from kascade.operators import guarantee, inflight, metrics
-from kascade.operators.aggregation import STRATEGIES
-from kascade.operators.audits import audit_pick
 from kascade.operators.calibration import Cascade
 from kascade.operators.encoder import Loaded
+from kascade.operators.exits import certified_stop, read_all, stop_reached
 from kascade.operators.full_model import worker_encoder
 from kascade.operators.guarantee import Guard
 from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
-from kascade.operators.reading import stop_label
 from kascade.operators.streams import by_class
+from kascade.operators.turns import Turns
 
 # Snapshots taken before these moved to verdicts name them as this module's: pickle finds
 # them here.
 from kascade.operators.verdicts import CascadeState, CheapStages, Verdict, cheap_stages
-from kascade.schemas import Aggregation, DeadLetter, Reading, Stage, StopReason
+from kascade.schemas import Aggregation, DeadLetter, Stage
 from kascade.schemas.cascade import StopRule
 from kascade.schemas.engine import Engine
 from kascade.schemas.settings import CascadeSettings
@@ -52,9 +52,10 @@ Out = ChunkResult | Escalation | Outcome | DeadLetter
 
 @dataclass
 class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
-    """Per document: read the chunks in order through the cheap stages; stop as soon as
-    the certified ``stop`` rule knows the label (the rest are never computed), or, when
-    every chunk is read, settle, skip or escalate them (document-level early exit).
+    """Per document: read the chunks in order (in :mod:`~kascade.operators.turns`),
+    each through the verdict source (the cheap stages, or the full model where the live
+    test suspended them), until an exit rule (:mod:`~kascade.operators.exits`) ends the
+    reading: the certified ``stop`` knows the label, or every chunk is read.
 
     A text cut at the chunk limit whose stop did not come before it is dead-lettered
     ``too_long`` (its first chunk carries that dead letter).
@@ -65,16 +66,14 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
     audit_fraction: float = 0.0
     state: CascadeState | None = None
     stop: StopRule | None = None  # None: read every chunk
-    # Chunks read per turn (None: every chunk that is ready). A document's chunks arrive
-    # together; reading them all at once makes every document behind it on this worker
-    # wait for all of them. With turns, a document reads ``turn`` chunks, then the
-    # others' turns come (Bytewax calls ``on_notify`` once per activation) before its
-    # next: short documents pass long ones.
-    turn: int | None = None
+    turn: int | None = None  # chunks read per turn (None: every chunk that is ready)
     # Whether the live test suspended the cheap stages for a language: the full model
     # decides those chunks (the process's Guard.suspends).
     suspends: Callable[[str | None], bool] = guarantee.never_suspended
-    _budget: int | None = field(default=None, init=False, repr=False)
+    _turns: Turns = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._turns = Turns(self.turn)
 
     def on_item(self, value: ChunkTask) -> tuple[list[Out], bool]:
         if self.state is None:
@@ -89,7 +88,7 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
 
     def on_notify(self) -> tuple[list[Out], bool]:
         assert self.state is not None
-        self._budget = self.turn  # the next turn
+        self._turns.next_turn()
         return self._read_on(self.state), self._keep(self.state)
 
     def on_eof(self) -> tuple[list[Out], bool]:
@@ -97,14 +96,12 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
         s = self.state
         if s is None or s.decided:
             return [], StatefulLogic.RETAIN
-        self.turn = None
+        self._turns.end()
         return self._read_on(s), self._keep(s)
 
     def notify_at(self) -> datetime | None:
         s = self.state
-        if self.turn is None or s is None or s.decided or s.read not in s.tasks:
-            return None
-        return datetime.now(UTC)  # at once, after the other documents' turns
+        return self._turns.notify_at(s is not None and not s.decided and s.read in s.tasks)
 
     @staticmethod
     def _keep(s: CascadeState) -> bool:
@@ -112,101 +109,40 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
             return StatefulLogic.DISCARD
         return StatefulLogic.RETAIN
 
-    def _may_read(self) -> bool:
-        if self.turn is None:
-            return True
-        if self._budget is None:  # a new document's first turn
-            self._budget = self.turn
-        if self._budget <= 0:
-            return False
-        self._budget -= 1
-        return True
-
     def _read_on(self, s: CascadeState) -> list[Out]:
         """Read the chunks that are next in order (as many as this turn allows); the
-        document's results once decided."""
-        text_chunks = (
-            s.meta.text_chunks if s.meta.text_chunks is not None else (s.meta.total_chunks)
-        )
-        while s.read in s.tasks and self._may_read():
+        document's results once an exit rule ends the reading."""
+        text_chunks = s.meta.text_chunks if s.meta.text_chunks is not None else s.meta.total_chunks
+        while s.read in s.tasks and self._turns.take():
             task = s.tasks[s.read]
-            if self.suspends(task.doc.lang):
-                # The live test rejected the bound here: the full model decides the chunk.
-                s.suspended = True
-                verdict = Verdict(Stage.UNCERTAIN, None)
-            else:
-                verdict = self._cheap(task)
+            verdict = self._verdict(task, s)
             if verdict.stage != Stage.UNCERTAIN:
                 metrics.CHUNKS_SETTLED.labels(verdict.stage).inc()
             s.verdicts[task.index] = verdict
-            if self.stop is not None and s.read < text_chunks and self._certain(s):
+            stop = self.stop
+            if stop is not None and s.read < text_chunks and stop_reached(stop, s, self.strategy):
                 s.decided = True
-                return self._stopped(s, text_chunks)
+                return list(certified_stop(s, text_chunks, self.audit_fraction))
             if s.read == s.meta.total_chunks:
                 s.decided = True
                 over = s.tasks[0].doc.over_limit
-                return [over] if over is not None else self._decide(s)
+                if over is not None:
+                    return [over]
+                return list(read_all(s, self.strategy, self.audit_fraction))
         return []
 
-    def _cheap(self, task: ChunkTask) -> Verdict:
+    def _verdict(self, task: ChunkTask, s: CascadeState) -> Verdict:
+        """The cheap stages' verdict on a chunk, or uncertain (the full model decides)
+        where the live test rejected the bound or the cheap stages failed."""
+        if self.suspends(task.doc.lang):
+            s.suspended = True
+            return Verdict(Stage.UNCERTAIN, None)
         try:
             with inflight.inside(task.doc.source, "cascade"):
                 return self.cheap(task)
         except Exception:  # the cheap stages are an optimisation: the full model decides
             metrics.CHEAP_FAILURES.inc()
             return Verdict(Stage.UNCERTAIN, None)
-
-    def _certain(self, s: CascadeState) -> bool:
-        assert self.stop is not None
-        seen = [v.seen(s.tasks[i].n_tokens) for i, v in sorted(s.verdicts.items())]
-        return stop_label(self.stop, seen, self.strategy) is not None
-
-    def _stopped(self, s: CascadeState, text_chunks: int) -> list[Out]:
-        """Results for the chunks read before a certified stop; uncertain ones among them
-        keep their cheap estimate (the stop's label does not depend on them)."""
-        last = s.tasks[s.read - 1]
-        reading = Reading(
-            chunks_read=s.read,
-            chunks_total=text_chunks,
-            tokens_read=last.end_token,
-            tokens_total=s.meta.text_tokens,
-            stopped=StopReason.CERTAIN,
-        )
-        out: list[Out] = [Outcome(s.meta, reading, s.suspended)]
-        for i, v in sorted(s.verdicts.items()):
-            t = s.tasks[i]
-            stage = v.stage if v.stage != Stage.UNCERTAIN else Stage.SKIPPED
-            out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=stage))
-            if stage != Stage.SKIPPED and audit_pick(t.doc.id, i, self.audit_fraction):
-                out.append(Escalation(t, v.hidden, None, audit_of=int(v.settled_probs().argmax())))
-        return out
-
-    def _decide(self, s: CascadeState) -> list[Out]:
-        settled = {i: v for i, v in s.verdicts.items() if v.stage != Stage.UNCERTAIN}
-        uncertain = {i: v for i, v in s.verdicts.items() if v.stage == Stage.UNCERTAIN}
-        known = sorted(settled)
-        # A chunk without any estimate cannot be skipped: its answer is unbounded only
-        # in theory, but a document label must rest on some answer for every chunk.
-        decided = all(v.probs is not None for v in uncertain.values()) and STRATEGIES[
-            self.strategy
-        ].decided(
-            np.stack([settled[i].settled_probs() for i in known]) if known else np.empty((0, 0)),
-            np.asarray([float(s.tasks[i].n_tokens) for i in known]),
-            [float(s.tasks[i].n_tokens) for i in uncertain],
-        )
-        out: list[Out] = [Outcome(s.meta, None, s.suspended)]
-        for i, v in sorted(settled.items()):
-            t = s.tasks[i]
-            out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=v.stage))
-            if audit_pick(t.doc.id, i, self.audit_fraction):
-                out.append(Escalation(t, v.hidden, None, audit_of=int(v.settled_probs().argmax())))
-        for i, v in sorted(uncertain.items()):
-            t = s.tasks[i]
-            if decided:
-                out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=Stage.SKIPPED))
-            else:
-                out.append(Escalation(t, v.hidden, v.probs))
-        return out
 
     def snapshot(self) -> CascadeState:
         assert self.state is not None

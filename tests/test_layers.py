@@ -88,7 +88,8 @@ ORDER = {
         *("items", "streams", "metrics", "inflight"),  # what travels, and how it is watched
         *("registry", "mapping", "formats", "validate"),  # reading events
         *("backends", "encoder", "chunking"),  # the model's graphs and tokens
-        *("aggregation", "reading", "audits", "calibration", "verdicts", "guarantee"),
+        *("aggregation", "reading", "turns", "audits", "calibration", "verdicts", "exits"),
+        "guarantee",
         *("full_model", "cascade", "reduce", "serialize"),  # the steps that compose them
     ],
     "kascade.dataflow": [
