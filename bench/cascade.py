@@ -28,7 +28,7 @@ from kascade.operators.calibration import Cascade
 from kascade.operators.cascade import CascadeLogic
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir, softmax
-from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
 from kascade.operators.reduce import ChunkVerdict, aggregate
 from kascade.operators.verdicts import Verdict, cheap_stages
 from kascade.schemas import Aggregation
@@ -107,6 +107,8 @@ def evaluate(
             out = logic.on_item(t)[0] or out
         results = []
         for x in out:
+            if isinstance(x, Outcome):
+                continue  # read to the end: no stop in this benchmark
             if isinstance(x, Escalation):
                 results.append(ChunkVerdict(x.task.index, x.task.n_tokens, full[x.task.index]))
                 counts["full"] += 1
