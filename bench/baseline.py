@@ -38,7 +38,7 @@ from bench.flow import (
     output_labels,
     send,
 )
-from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.demo.local_broker import ensure_local_broker
 from kascade.operators.encoder import load_model_dir
 from kascade.schemas import InputDocument
 from kascade.schemas.files import write_text_atomically

@@ -29,9 +29,9 @@ from pathlib import Path
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from kascade.dataflow.broker import fresh_topics as kafka_fresh_topics
 from kascade.dataflow.consume import read_all
-from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.demo.local_broker import ensure_local_broker
+from kascade.demo.local_broker import fresh_topics as kafka_fresh_topics
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas import InputDocument

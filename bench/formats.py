@@ -20,8 +20,8 @@ from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from bench.env import environment
-from kascade.dataflow.local_broker import ensure_local_registry
 from kascade.dataflow.ports import free_port
+from kascade.demo.local_broker import ensure_local_registry
 from kascade.operators.formats import Reader, Writer
 from kascade.operators.items import Envelope
 from kascade.schemas import ChunkCounts, ModelIdentity, OutputRecord

@@ -36,8 +36,8 @@ from confluent_kafka import Consumer, Producer
 from bench.env import environment
 from bench.flow import fresh_topics, kascade_run_command
 from bench.long_docs import _rows
-from kascade.dataflow.local_broker import ensure_local_broker
 from kascade.dataflow.ports import free_port
+from kascade.demo.local_broker import ensure_local_broker
 from kascade.operators.encoder import load_model_dir
 from kascade.schemas import InputDocument
 from kascade.schemas.files import write_text_atomically

@@ -37,7 +37,7 @@ from confluent_kafka import Consumer, TopicPartition
 from bench.baseline import naive_consumer
 from bench.flow import fresh_topics, kascade_run_command, send, timestamps
 from kascade.dataflow.consume import read_all
-from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.demo.local_broker import ensure_local_broker
 from kascade.operators.encoder import load_model_dir
 from kascade.schemas import InputDocument, OutputRecord
 from kascade.schemas.files import write_text_atomically

@@ -30,7 +30,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench.env import environment
 from bench.flow import fresh_topics, send
-from kascade.dataflow.local_broker import ensure_local_broker
+from kascade.demo.local_broker import ensure_local_broker
 from kascade.schemas import InputDocument
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.kafka import KafkaSettings

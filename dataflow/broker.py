@@ -6,7 +6,6 @@ forever in ``list_topics``), what it lets this principal do, and topic creation.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -185,20 +184,3 @@ _REFUSED_REQUESTS = {
     KafkaError.INVALID_CONFIG,
     KafkaError.POLICY_VIOLATION,
 }
-
-
-def fresh_topics(brokers: str, prefix: str, *, partitions: int = 2) -> KafkaSettings:
-    """Bounded settings on newly created, uniquely named topics (for one demo or benchmark
-    run, so nothing from an earlier run is read again)."""
-    run = uuid.uuid4().hex[:8]
-    k = KafkaSettings(
-        brokers=brokers,
-        input_topic=f"{prefix}-{run}-text-in",
-        output_topic=f"{prefix}-{run}-labels-out",
-        dead_letter_topic=f"{prefix}-{run}-dead-letter",
-        tail=False,
-    )
-    create_topics(
-        k, {k.input_topic: partitions, k.output_topic: partitions, k.dead_letter_topic: 1}
-    )
-    return k

@@ -25,7 +25,15 @@ from kascade.toolchain import commands as toolchain
 
 # Modules only the [export] extra installs; importing one is how a toolchain command
 # finds out it is missing.
-TOOLCHAIN_MODULES = ("torch", "transformers", "sklearn", "scipy", "onnx", "onnxscript")
+TOOLCHAIN_MODULES = (
+    "torch",
+    "transformers",
+    "sklearn",
+    "scipy",
+    "onnx",
+    "onnxscript",
+    "datasketch",
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -45,8 +45,8 @@ def kafka_bootstrap() -> Iterator[str]:
         with container:
             yield container.get_bootstrap_server()
         return
-    from kascade.dataflow.local_broker import ensure_local_broker
     from kascade.dataflow.ports import free_port
+    from kascade.demo.local_broker import ensure_local_broker
 
     broker = ensure_local_broker(free_port())
     try:
@@ -64,8 +64,8 @@ def schema_registry_url() -> Iterator[str]:
     if explicit:
         yield explicit
         return
-    from kascade.dataflow.local_broker import ensure_local_registry
     from kascade.dataflow.ports import free_port
+    from kascade.demo.local_broker import ensure_local_registry
 
     registry = ensure_local_registry(free_port())
     try:

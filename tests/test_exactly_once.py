@@ -23,8 +23,8 @@ from test_faults import mixed_corpus, workers_of
 
 from kascade.dataflow.broker import create_topics
 from kascade.dataflow.consume import read_records
-from kascade.dataflow.local_broker import _script, ensure_local_broker
 from kascade.dataflow.ports import free_port
+from kascade.demo.local_broker import _script, ensure_local_broker
 from kascade.operators.formats import ORIGIN_HEADER
 from kascade.schemas import DeadLetter, OutputRecord
 from kascade.schemas.kafka import KafkaSettings

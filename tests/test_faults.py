@@ -21,8 +21,8 @@ from helpers import documents, kascade_run, output_count, output_ids, produce, s
 
 from kascade.dataflow.broker import create_topics
 from kascade.dataflow.consume import read_all
-from kascade.dataflow.local_broker import ensure_local_broker
 from kascade.dataflow.ports import free_port
+from kascade.demo.local_broker import ensure_local_broker
 from kascade.schemas import DeadLetter, DeadLetterReason, InputDocument, OutputRecord
 from kascade.schemas.kafka import KafkaSettings
 
@@ -209,7 +209,7 @@ def own_broker():
 def test_the_job_rides_through_a_broker_stop_and_start_and_loses_nothing(
     own_broker, exported: dict[str, Path]
 ) -> None:
-    from kascade.dataflow.local_broker import _script
+    from kascade.demo.local_broker import _script
 
     brokers = own_broker.bootstrap
     topics = {"in": "outage-in", "out": "outage-out", "dlq": "outage-dlq"}

@@ -27,7 +27,15 @@ ALLOWED = {
     "kascade.demo": {"kascade.schemas", "kascade.dataflow", "kascade.toolchain"},
 }
 RUNTIME = ("kascade.schemas", "kascade.operators", "kascade.dataflow")
-TOOLCHAIN_LIBRARIES = {"torch", "transformers", "sklearn", "scipy", "onnx", "onnxscript"}
+TOOLCHAIN_LIBRARIES = {
+    "torch",
+    "transformers",
+    "sklearn",
+    "scipy",
+    "onnx",
+    "onnxscript",
+    "datasketch",
+}
 
 
 def imports(path: Path) -> set[str]:
@@ -93,7 +101,7 @@ ORDER = {
         *("full_model", "cascade", "reduce", "serialize"),  # the steps that compose them
     ],
     "kascade.dataflow": [
-        *("health", "ports", "local_broker", "channel", "restarts", "lifecycle", "peers"),
+        *("health", "ports", "channel", "restarts", "lifecycle", "peers"),
         *("processes", "supervisor"),
         *("broker", "kafka_io", "transactions"),
         *("exactly_once", "consume", "sample", "flow", "recalibration", "runner", "worker"),

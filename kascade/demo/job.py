@@ -18,11 +18,11 @@ from confluent_kafka import Producer
 from rich.console import Console
 from rich.table import Table
 
-from kascade.dataflow.broker import client_config, fresh_topics
+from kascade.dataflow.broker import client_config
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
-from kascade.dataflow.local_broker import ensure_local_broker
 from kascade.dataflow.runner import run
+from kascade.demo.local_broker import ensure_local_broker, fresh_topics
 from kascade.errors import KascadeError
 from kascade.schemas import DeadLetter, OutputRecord, StopReason
 from kascade.schemas.cascade import CASCADE_FILE, CascadeSpec

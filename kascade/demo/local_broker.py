@@ -1,15 +1,20 @@
 """Drives ``docker/kafka-local.sh`` and ``docker/registry-local.sh``: a real single-node
-Kafka broker and a real Schema Registry for demos and tests."""
+Kafka broker and a real Schema Registry for demos, tests and benchmarks, and fresh topics
+on it for one run. Not part of the runtime: a job reaches the brokers its settings name."""
 
 from __future__ import annotations
 
 import os
 import socket
 import subprocess
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-DOCKER = Path(__file__).resolve().parents[1] / "docker"
+from kascade.dataflow.broker import create_topics
+from kascade.schemas.kafka import KafkaSettings
+
+DOCKER = Path(__file__).resolve().parents[2] / "docker"
 SCRIPT = DOCKER / "kafka-local.sh"
 REGISTRY_SCRIPT = DOCKER / "registry-local.sh"
 
@@ -82,3 +87,20 @@ def ensure_local_registry(port: int = 8081) -> LocalRegistry:
         return LocalRegistry(port=port, started=False)
     _run(REGISTRY_SCRIPT, "KASCADE_REGISTRY_PORT", "start", port)
     return LocalRegistry(port=port, started=True)
+
+
+def fresh_topics(brokers: str, prefix: str, *, partitions: int = 2) -> KafkaSettings:
+    """Bounded settings on newly created, uniquely named topics (for one demo or benchmark
+    run, so nothing from an earlier run is read again)."""
+    run = uuid.uuid4().hex[:8]
+    k = KafkaSettings(
+        brokers=brokers,
+        input_topic=f"{prefix}-{run}-text-in",
+        output_topic=f"{prefix}-{run}-labels-out",
+        dead_letter_topic=f"{prefix}-{run}-dead-letter",
+        tail=False,
+    )
+    create_topics(
+        k, {k.input_topic: partitions, k.output_topic: partitions, k.dead_letter_topic: 1}
+    )
+    return k
