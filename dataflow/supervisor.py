@@ -84,7 +84,11 @@ class Supervisor:
         self.started: Started | None = None
         # What the processes share (suspensions): the recovery directory, or the run's own.
         self.shared = settings.recovery_dir or Path(tempfile.mkdtemp(prefix="kascade-run-"))
-        self.control = self._control_port()
+        try:
+            self.control = self._control_port()
+        except BaseException:  # a port that cannot be bound leaves no directory behind
+            self._forget_shared()
+            raise
 
     def run(self) -> Counter[str]:
         policy = RestartPolicy(self.settings.restarts, self.settings.recovery_dir is not None)
@@ -115,8 +119,11 @@ class Supervisor:
                 signal.signal(s, h)
             if self.control is not None:
                 self.control.close()
-            if self.settings.recovery_dir is None:
-                shutil.rmtree(self.shared, ignore_errors=True)
+            self._forget_shared()
+
+    def _forget_shared(self) -> None:
+        if self.settings.recovery_dir is None:  # the run's own, not the user's
+            shutil.rmtree(self.shared, ignore_errors=True)
 
     def _wait_to_restart(self, policy: RestartPolicy, ending: Ending, ran_s: float) -> bool:
         """Wait before the next start (True: stopped meanwhile); raises when there is none."""
