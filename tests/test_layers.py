@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from kascade.cli import TOOLCHAIN_MODULES
+
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = {
     "kascade.schemas": ROOT / "schemas",
@@ -27,15 +29,8 @@ ALLOWED = {
     "kascade.demo": {"kascade.schemas", "kascade.dataflow", "kascade.toolchain"},
 }
 RUNTIME = ("kascade.schemas", "kascade.operators", "kascade.dataflow")
-TOOLCHAIN_LIBRARIES = {
-    "torch",
-    "transformers",
-    "sklearn",
-    "scipy",
-    "onnx",
-    "onnxscript",
-    "datasketch",
-}
+# What only the [export] extra installs: the list the command line checks for.
+TOOLCHAIN_LIBRARIES = set(TOOLCHAIN_MODULES)
 
 
 def imports(path: Path) -> set[str]:

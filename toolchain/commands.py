@@ -12,8 +12,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 from pydantic import ValidationError
+from pydantic_settings import BaseSettings, CliSettingsSource
 
 from kascade.arguments import probability
 from kascade.errors import UsageError
@@ -22,6 +24,17 @@ from kascade.schemas.files import write_text_atomically
 from kascade.schemas.settings import settings_error
 from kascade.toolchain.calibrate_config import CalibrateConfig, add_calibrate_flags
 from kascade.toolchain.train_config import TrainConfig, add_train_flags
+
+C = TypeVar("C", bound=BaseSettings)
+
+
+def _from_flags(model: type[C], flags: CliSettingsSource[C], args: argparse.Namespace) -> C:
+    """The command's settings ``model`` from its generated ``flags`` (and environment),
+    or the first problem as one line."""
+    try:
+        return model(_cli_settings_source=flags(parsed_args=args))
+    except ValidationError as e:
+        raise settings_error(e) from None
 
 
 def _data_flags(p: argparse.ArgumentParser, *, labels_required: bool) -> None:
@@ -53,10 +66,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from kascade.toolchain.data import read_examples
     from kascade.toolchain.train import train
 
-    try:
-        config = TrainConfig(_cli_settings_source=args.train_flags(parsed_args=args))
-    except ValidationError as e:
-        raise settings_error(e) from None
+    config = _from_flags(TrainConfig, args.train_flags, args)
     train_data = read_examples(
         args.data, text_column=args.text_column, label_column=args.label_column
     )
@@ -206,10 +216,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     from kascade.toolchain.calibrate import calibrate
     from kascade.toolchain.data import read_examples, split_documents
 
-    try:
-        config = CalibrateConfig(_cli_settings_source=args.calibrate_flags(parsed_args=args))
-    except ValidationError as e:
-        raise settings_error(e) from None
+    config = _from_flags(CalibrateConfig, args.calibrate_flags, args)
 
     # The language column, if any, is read as the label column: one string per text;
     # a text whose record named no language is counted as undetermined ("und", BCP-47).

@@ -84,24 +84,32 @@ class SentenceIndex:
         owners: set[int] = set()
         found = 0
         for sentence, sketch in self._sketched(text):
-            hits = set() if sketch is None else {self._owner[k] for k in self._near(sketch)}
-            exact = self._exact.get(_exact(sentence))
-            if exact is not None:
-                hits.add(exact)
+            hits = self._hits(sentence, sketch)
             owners |= hits
             found += bool(hits)
         return owners, found
 
-    def add(self, owner: int, text: str) -> None:
+    def add(self, owner: int, text: str) -> set[int]:
+        """Index the sentences of text ``owner``; the texts seen before that hold one."""
+        owners: set[int] = set()
         for sentence, sketch in self._sketched(text):
-            new = self._exact.setdefault(_exact(sentence), owner) == owner
-            if new and sketch is not None and self._lsh is not None:
+            owners |= self._hits(sentence, sketch)
+            if self._exact.setdefault(_exact(sentence), owner) == owner and sketch is not None:
                 key = len(self._owner)
                 self._owner[key] = owner
-                self._lsh.insert(key, sketch)
+                self._near_index().insert(key, sketch)
+        return owners - {owner}
 
-    def _near(self, sketch: MinHash) -> list[int]:
-        return [] if self._lsh is None else self._lsh.query(sketch)
+    def _hits(self, sentence: str, sketch: MinHash | None) -> set[int]:
+        hits = (
+            set() if sketch is None else {self._owner[k] for k in self._near_index().query(sketch)}
+        )
+        exact = self._exact.get(_exact(sentence))
+        return hits if exact is None else hits | {exact}
+
+    def _near_index(self) -> MinHashLSH:
+        assert self._lsh is not None  # a sketch is made only where there is one
+        return self._lsh
 
     def _sketched(self, text: str) -> list[tuple[str, MinHash | None]]:
         found = sentences(text)
@@ -131,9 +139,8 @@ def groups(texts: list[str], related: list[Hashable] | None = None) -> list[int]
     index = SentenceIndex(near=False)
     first: dict[Hashable, int] = {}
     for i, text in enumerate(texts):
-        for j in index.match(text)[0]:
+        for j in index.add(i, text):
             join(i, j)
-        index.add(i, text)
         if related is not None:
             join(i, first.setdefault(related[i], i))
     return [root(i) for i in range(len(texts))]
