@@ -235,7 +235,9 @@ def prepare(settings: Settings) -> Prepared:
 LIVE_TEST = "bound"
 
 
-def _live_test(guard: Guard, state: Watch | None, result: ChunkResult) -> tuple[Watch, None]:
+def _live_test(
+    guard: Guard, in_force: Cascade, state: Watch | None, result: ChunkResult
+) -> tuple[Watch, None]:
     """One audit counted in the job's test of the bound (the flow keeps the test: a
     restart resumes it from the snapshot, and on another calibration it starts over)."""
     watch = guard.resume(state)
@@ -244,7 +246,7 @@ def _live_test(guard: Guard, state: Watch | None, result: ChunkResult) -> tuple[
     agree = int(result.probs.argmax()) == result.audit_of
     metrics.AUDITS.labels(str(agree).lower()).inc()
     try:
-        guard.audit(agree, result.doc.lang)
+        guard.audit(agree, in_force.scope_of(result.doc.lang, result.doc.chunks_of_text))
     except Exception:  # bookkeeping of the live test never costs a worker or a record
         log.exception("the live test of the bound could not count an audit")
     return guard.watch, None
@@ -256,7 +258,9 @@ def watch_the_bound(settings: Settings, cascade: Cascade) -> Guard:
     through the directory they share (the recovery directory, or one the supervisor made
     for the run), where a restarted process finds them too."""
     point = cascade.point
-    watch = Watch(point.epsilon, point.delta, settings.cascade.max_languages, cascade.sha256)
+    # Every stratum the calibration certified is tested on its own, however many.
+    tested = max(settings.cascade.max_languages, len(point.strata))
+    watch = Watch(point.epsilon, point.delta, tested, cascade.sha256)
     suspend = settings.cascade.on_violation == "full_model"
     shared = None
     where = settings.recovery_dir or processes.shared_dir()
@@ -336,5 +340,5 @@ def _cascaded(
     full = classify("classify", spread, model, settings.encoder, prepared.engine, "stages")
     audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
     one_test = op.key_on("to_the_test", audits.trues, lambda _r: LIVE_TEST)
-    op.stateful_map("live_test", one_test, functools.partial(_live_test, guard))
+    op.stateful_map("live_test", one_test, functools.partial(_live_test, guard, in_force))
     return op.merge("results", cheap.settled, audits.falses), cheap.outcomes, cheap.dead

@@ -18,11 +18,14 @@ from kascade.operators.encoder import softmax
 from kascade.schemas.cascade import (
     CASCADE_FILE,
     CASCADE_VERSION,
+    LENGTHS,
     READABLE_VERSIONS,
     CascadeMismatch,
     CascadeSpec,
     HeadWeights,
     OperatingPoint,
+    Stratum,
+    length_of,
 )
 from kascade.schemas.engine import Engine
 from kascade.schemas.manifest import ModelManifest
@@ -127,6 +130,32 @@ class Cascade:
         point = spec.operating_points[name]
         digest = hashlib.sha256(text).hexdigest()
         return cls(spec, Head.of(spec.s0), Head.of(spec.s1), point, on_topic, digest)
+
+    def stratum(self, lang: str | None, chunks: int) -> Stratum | None:
+        """The stratum of a chunk of a ``chunks``-chunk document in ``lang`` (``None``:
+        one certificate for every chunk)."""
+        return self.point.stratum(lang, chunks)
+
+    def thresholds(self, lang: str | None, chunks: int) -> tuple[float, float]:
+        """S0's and S1's thresholds for such a chunk."""
+        s = self.stratum(lang, chunks)
+        at = self.point if s is None else s
+        return at.threshold_s0, at.threshold_s1
+
+    def scope_of(self, lang: str | None, chunks: int) -> str | None:
+        """What the live test judges such a chunk in, and a suspension covers: its
+        language (``None``: only the overall test), with its length where its stratum was
+        certified for that length alone (so a drift in short documents leaves the long
+        ones their cascade).
+
+        A test per language is finer than a certificate over several: stricter, never
+        looser.
+        """
+        s = self.stratum(lang, chunks)
+        if s is None or len(s.lengths) == len(LENGTHS):
+            return lang
+        length = length_of(chunks)
+        return length if lang is None else f"{lang}/{length}"
 
     def certified_for(
         self, chunking: ChunkSettings, tokenizer_sha256: str, engine: Engine

@@ -35,7 +35,7 @@ from kascade.operators.encoder import Loaded
 from kascade.operators.exits import certified_stop, read_all, stop_reached
 from kascade.operators.full_model import worker_encoder
 from kascade.operators.guarantee import Guard
-from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
+from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
 from kascade.operators.streams import by_class
 from kascade.operators.turns import Turns
 
@@ -67,9 +67,9 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
     state: CascadeState | None = None
     stop: StopRule | None = None  # None: read every chunk
     turn: int | None = None  # chunks read per turn (None: every chunk that is ready)
-    # Whether the live test suspended the cheap stages for a language: the full model
-    # decides those chunks (the process's Guard.suspends).
-    suspends: Callable[[str | None], bool] = guarantee.never_suspended
+    # Whether the live test suspended the cheap stages for a document's kind of text: the
+    # full model decides its chunks (the process's Guard.suspends, by the cascade's scope).
+    suspends: Callable[[DocMeta], bool] = guarantee.never_suspended
     _turns: Turns = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -112,7 +112,7 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
     def _read_on(self, s: CascadeState) -> list[Out]:
         """Read the chunks that are next in order (as many as this turn allows); the
         document's results once an exit rule ends the reading."""
-        text_chunks = s.meta.text_chunks if s.meta.text_chunks is not None else s.meta.total_chunks
+        text_chunks = s.meta.chunks_of_text
         while s.read in s.tasks and self._turns.take():
             task = s.tasks[s.read]
             verdict = self._verdict(task, s)
@@ -134,7 +134,7 @@ class CascadeLogic(StatefulLogic[ChunkTask, Out, CascadeState]):
     def _verdict(self, task: ChunkTask, s: CascadeState) -> Verdict:
         """The cheap stages' verdict on a chunk, or uncertain (the full model decides)
         where the live test rejected the bound or the cheap stages failed."""
-        if self.suspends(task.doc.lang):
+        if self.suspends(task.doc):
             s.suspended = True
             return Verdict(Stage.UNCERTAIN, None)
         try:
@@ -158,6 +158,10 @@ class CascadeOut:
     escalations: Stream[Escalation]
     outcomes: Stream[Outcome]  # one per document decided
     dead: Stream[DeadLetter]  # texts cut at the chunk limit whose stop did not come
+
+
+def _suspends(guard: Guard, in_force: Cascade, doc: DocMeta) -> bool:
+    return guard.suspends(in_force.scope_of(doc.lang, doc.chunks_of_text))
 
 
 @operator
@@ -187,7 +191,9 @@ def cascade(
     def build(resume: CascadeState | None) -> CascadeLogic:
         cheap = stages()
         turn = settings.chunks_per_turn or None
-        suspends = guarantee.never_suspended if guard is None else guard.suspends
+        suspends: Callable[[DocMeta], bool] = guarantee.never_suspended
+        if guard is not None:
+            suspends = functools.partial(_suspends, guard, in_force)
         return CascadeLogic(
             cheap, strategy, settings.audit_fraction, resume, stop, turn, suspends=suspends
         )

@@ -330,6 +330,6 @@ class Guard:
             metrics.GUARANTEE.labels(lang, s).set(1.0 if s == state else 0.0)
 
 
-def never_suspended(_lang: str | None) -> bool:
+def never_suspended(_doc: object) -> bool:
     """The verdict source of a cascade without a guard: its cheap stages, always."""
     return False

@@ -88,6 +88,11 @@ class DocMeta:
     over_limit: DeadLetter | None = None
 
     @property
+    def chunks_of_text(self) -> int:
+        """The whole text's chunks (more than were sent where the text was cut)."""
+        return self.total_chunks if self.text_chunks is None else self.text_chunks
+
+    @property
     def unit(self) -> str:
         """The key of this document's state in every keyed step: its input record's
         position. Ids repeat (an update, a re-send, two producers); positions do not,

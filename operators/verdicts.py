@@ -66,9 +66,9 @@ CheapStages = Callable[[ChunkTask], Verdict]
 
 def cheap_stages(encoder: Encoder, cascade: Cascade, audit_fraction: float) -> CheapStages:
     """S0 then S1 on one chunk, with the real graphs and heads."""
-    t0, t1 = cascade.point.threshold_s0, cascade.point.threshold_s1
 
     def run(task: ChunkTask) -> Verdict:
+        t0, t1 = cascade.thresholds(task.doc.lang, task.doc.chunks_of_text)
         ids = task.ids.reshape(1, -1)
         mask = np.ones_like(ids)
         with metrics.STAGE_SECONDS.labels(Stage.S0).time():

@@ -22,9 +22,29 @@ CASCADE_FILE = "cascade.json"
 DEFAULT_EPSILON = 0.01
 DEFAULT_DELTA = 0.05
 # 2: records the chunking and tokenizer it was certified on; 3: may hold a document stop;
-# 4: names the engine (earlier versions were all made with ONNX Runtime in FP32)
-CASCADE_VERSION = 4
-READABLE_VERSIONS = (2, 3, 4)
+# 4: names the engine (earlier versions were all made with ONNX Runtime in FP32);
+# 5: may certify per stratum (language and document length)
+CASCADE_VERSION = 5
+READABLE_VERSIONS = (2, 3, 4, 5)
+# A text's language where its record names none (BCP-47 "undetermined").
+UNDETERMINED = "und"
+# Document lengths a calibration tells apart: a text of one chunk, and one of more.
+SHORT, LONG = "short", "long"
+LENGTHS = (SHORT, LONG)
+# The stratum of every kind of text no other stratum names (languages the calibration held
+# too little of, or none): the live test's pool has the same name.
+POOL = "other"
+# A stratum's languages where the calibration named none: it covers every language.
+ANY_LANGUAGE = "*"
+
+
+def length_of(chunks: int) -> str:
+    """The length bucket of a document of ``chunks`` chunks.
+
+    >>> length_of(1), length_of(7)
+    ('short', 'long')
+    """
+    return SHORT if chunks <= 1 else LONG
 
 
 class CascadeMismatch(UsageError):
@@ -123,6 +143,46 @@ class HeadWeights(BaseModel):
         return len(self.weight), len(self.weight[0])
 
 
+class Stratum(BaseModel):
+    """One kind of text with thresholds of its own, certified on its own chunks at its
+    share of delta: the chunks the cheap stages settle in it disagree with the full model
+    on at most epsilon, whatever the stream's mix of strata.
+
+    >>> Stratum(name="other", threshold_s0=1.0025, threshold_s1=1.01, delta=0.05,
+    ...         certify=40, accepted=0, disagreements=0, upper_bound_at_delta=1.0).certified
+    False
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(min_length=1, max_length=160)
+    languages: list[str] = Field(
+        default_factory=list,
+        description="The languages it covers; empty: the pool, every language (and length)"
+        " no other stratum covers, those the calibration never saw included.",
+    )
+    lengths: list[str] = Field(default_factory=lambda: list(LENGTHS))
+    threshold_s0: float = Field(gt=0.0, le=1.01)
+    threshold_s1: float = Field(gt=0.0, le=1.01, description="> 1: not certified, full model")
+    delta: float = Field(gt=0, lt=1, description="Its share of the calibration's delta.")
+    certify: int = Field(ge=0, description="Its certification chunks.")
+    accepted: int = Field(ge=0)
+    disagreements: int = Field(ge=0)
+    upper_bound_at_delta: float
+
+    @property
+    def certified(self) -> bool:
+        return self.threshold_s1 <= 1.0
+
+    @property
+    def pool(self) -> bool:
+        return not self.languages
+
+    def covers(self, lang: str, length: str) -> bool:
+        langs = self.languages
+        return (lang in langs or ANY_LANGUAGE in langs) and length in self.lengths
+
+
 class OperatingPoint(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -134,6 +194,40 @@ class OperatingPoint(BaseModel):
     expected_share_s1: float
     calibration_accepted: int
     calibration_disagreements: int
+    strata: list[Stratum] = Field(
+        default_factory=list,
+        description="Thresholds per kind of text, the pool's being the two above; empty:"
+        " the two above for every chunk (one certificate for the calibration's mix).",
+    )
+
+    @model_validator(mode="after")
+    def _one_pool(self) -> OperatingPoint:
+        if not self.strata:
+            return self
+        names = [s.name for s in self.strata]
+        if len(set(names)) != len(names):
+            raise ValueError(f"strata named twice in {names}")
+        if sum(s.pool for s in self.strata) != 1:
+            raise ValueError("strata need exactly one pool (a stratum without languages)")
+        if any(x not in LENGTHS for s in self.strata for x in s.lengths):
+            raise ValueError(f"stratum lengths are among {LENGTHS}")
+        return self
+
+    def stratum(self, lang: str | None, chunks: int) -> Stratum | None:
+        """The stratum of a chunk of a ``chunks``-chunk document in ``lang`` (``None``:
+        the point has no strata)."""
+        return self.stratum_at(lang or UNDETERMINED, length_of(chunks))
+
+    def stratum_at(self, lang: str, length: str) -> Stratum | None:
+        return stratum_in(self.strata, lang, length) if self.strata else None
+
+
+def stratum_in(strata: list[Stratum], lang: str, length: str) -> Stratum:
+    """The stratum of ``strata`` (one of them the pool) that covers this kind of text."""
+    for s in strata:
+        if s.covers(lang, length):
+            return s
+    return next(s for s in strata if s.pool)
 
 
 class StopRule(BaseModel):

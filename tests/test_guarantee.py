@@ -105,7 +105,9 @@ def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_
         return Verdict("s0", np.array([0.9, 0.1]))
 
     guard = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, scopes={"all"})
-    logic = CascadeLogic(cheap, Aggregation.TOKEN_MEAN, suspends=guard.suspends)
+    logic = CascadeLogic(
+        cheap, Aggregation.TOKEN_MEAN, suspends=lambda doc: guard.suspends(doc.lang)
+    )
     out = []
     for i in range(2):
         out += logic.on_item(ChunkTask(meta, i, np.arange(10), 10))[0]

@@ -15,8 +15,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -35,6 +36,7 @@ from kascade.schemas.cascade import (
     LanguageCalibration,
     OperatingPoint,
     StopRule,
+    Stratum,
 )
 from kascade.schemas.engine import Engine
 from kascade.schemas.files import write_text_atomically
@@ -52,6 +54,7 @@ from kascade.toolchain.certify import (
 from kascade.toolchain.document_stop import certify_stop, on_topic_targets, read_documents
 from kascade.toolchain.features import Features, extract
 from kascade.toolchain.overlap import groups, shared, split_by_group
+from kascade.toolchain.strata import certify_strata, chunk_kinds, plan, thresholds_of
 
 log = logging.getLogger(__name__)
 
@@ -172,22 +175,34 @@ def s0_threshold(t: float) -> float:
 
 @dataclass(frozen=True)
 class ChunkCertificate:
-    """Two fitted heads and the threshold pair certified for them."""
+    """Two fitted heads and the thresholds certified for them: one pair, or one pair per
+    stratum (:mod:`~kascade.toolchain.strata`) with the chunks' kinds to find each chunk's."""
 
     s0: FittedHead
     s1: FittedHead
-    threshold: float  # S1's; S0's is s0_threshold(threshold)
+    threshold: float  # S1's (the pool's, with strata); S0's is s0_threshold(threshold)
     accepted: int  # certification chunks the cheap stages accepted
     disagreements: int  # of those, labeled otherwise than by the full model
+    strata: tuple[Stratum, ...] = ()
+    kinds: tuple[np.ndarray, np.ndarray] | None = None  # every chunk's language, length
 
     def settles(self, feats: Features, idx: np.ndarray) -> tuple[np.ndarray, ...]:
         """Of the chunks ``idx``: who S0 settles, who S1 settles after it, and whether
         each settled one disagrees with the full model (the runtime's own heads)."""
+        if self.strata and self.kinds is not None:
+            t0, t1 = thresholds_of(list(self.strata), self.kinds[0][idx], self.kinds[1][idx])
+            return self.settles_at(feats, idx, t0, t1)
+        return self.settles_at(feats, idx, s0_threshold(self.threshold), self.threshold)
+
+    def settles_at(
+        self, feats: Features, idx: np.ndarray, t0: float | np.ndarray, t1: float | np.ndarray
+    ) -> tuple[np.ndarray, ...]:
+        """:meth:`settles` at S0's and S1's thresholds (each one, or one per chunk)."""
         p0 = Head.of(self.s0.weights).probs(feats.embeddings[idx])
         p1 = Head.of(self.s1.weights).probs(feats.hidden[idx])
         y = feats.target[idx]
-        by0 = p0.max(1) >= s0_threshold(self.threshold)
-        by1 = ~by0 & (p1.max(1) >= self.threshold)
+        by0 = p0.max(1) >= t0
+        by1 = ~by0 & (p1.max(1) >= t1)
         wrong = (by0 & (p0.argmax(1) != y)) | (by1 & (p1.argmax(1) != y))
         return by0, by1, wrong
 
@@ -210,37 +225,55 @@ def certify_chunks(
     path: tuple[float, ...] = PATH,
     seed: int = 0,
     extra: Features | None = None,
+    languages: list[str] | None = None,
 ) -> ChunkCertificate:
-    """Fit the heads on the chunks ``fit`` (and all of ``extra``), then certify one
-    threshold pair on the chunks ``cert``: with probability at least 1 - delta, the
-    chunks the cheap stages accept disagree with the full model on at most epsilon."""
+    """Fit the heads on the chunks ``fit`` (and all of ``extra``), then certify thresholds
+    on the chunks ``cert``: with probability at least 1 - delta, the chunks the cheap
+    stages accept disagree with the full model on at most epsilon, in every stratum the
+    calibration holds enough of (:mod:`~kascade.toolchain.strata`; ``languages``, one
+    per text, name the texts' languages)."""
     f0, f1, yf = feats.embeddings[fit], feats.hidden[fit], feats.target[fit]
     if extra is not None:
         f0, f1 = np.vstack([f0, extra.embeddings]), np.vstack([f1, extra.hidden])
         yf = np.concatenate([yf, extra.target])
     fitted0 = fit_head(f0, yf, n_labels, "embeddings", seed)
     fitted1 = fit_head(f1, yf, n_labels, "hidden", seed)
+    heads = ChunkCertificate(fitted0, fitted1, DISABLED, 0, 0)
 
-    def at(t: float) -> ChunkCertificate:
-        return ChunkCertificate(fitted0, fitted1, t, 0, 0)
-
-    def union(t: float) -> tuple[int, int]:
+    def union(t: float, members: np.ndarray | None = None) -> tuple[int, int]:
         # One test per threshold pair certifies the union of what the cheap stages accept
         # (a test per stage would split delta and halve the power).
-        by0, by1, wrong = at(t).settles(feats, cert)
+        chunks = cert if members is None else cert[members]
+        by0, by1, wrong = heads.settles_at(feats, chunks, s0_threshold(t), t)
         return int((by0 | by1).sum()), int(wrong.sum())
 
-    t, accepted, disagreements = certify(list(path), union, epsilon, delta)
-    if t == DISABLED:
-        agree0, agree1 = at(0.5).agreement(feats, cert)
-        raise CalibrationTooSmall(
-            f"no threshold could be certified for epsilon={epsilon:g} at delta={delta:g} on"
-            f" {len(cert)} certification chunks (need >= {min_accepted(epsilon, delta)}"
-            f" accepted with no disagreement; the heads agree with the full model on"
-            f" {agree0:.0%} (S0) and {agree1:.0%} (S1)); give more calibration text or a"
-            " larger epsilon"
-        )
-    return ChunkCertificate(fitted0, fitted1, t, accepted, disagreements)
+    kinds = chunk_kinds(languages, feats.source)
+    planned = plan(kinds[0][cert], kinds[1][cert], epsilon, delta)
+    if len(planned) == 1:  # one certificate for the calibration's mix
+        t, accepted, disagreements = certify(list(path), union, epsilon, delta)
+        if t == DISABLED:
+            _too_small(heads, feats, cert, epsilon, delta)
+        return ChunkCertificate(fitted0, fitted1, t, accepted, disagreements)
+    got = certify_strata(planned, union, path, epsilon, delta, s0_threshold)
+    if not any(s.certified for s in got):
+        _too_small(heads, feats, cert, epsilon, delta)
+    pool = next(s for s in got if s.pool)
+    done = ChunkCertificate(fitted0, fitted1, pool.threshold_s1, 0, 0, tuple(got), kinds)
+    by0, by1, wrong = done.settles(feats, cert)
+    return replace(done, accepted=int((by0 | by1).sum()), disagreements=int(wrong.sum()))
+
+
+def _too_small(
+    heads: ChunkCertificate, feats: Features, cert: np.ndarray, epsilon: float, delta: float
+) -> NoReturn:
+    agree0, agree1 = heads.agreement(feats, cert)
+    raise CalibrationTooSmall(
+        f"no threshold could be certified for epsilon={epsilon:g} at delta={delta:g} on"
+        f" {len(cert)} certification chunks (need >= {min_accepted(epsilon, delta)}"
+        f" accepted with no disagreement; the heads agree with the full model on"
+        f" {agree0:.0%} (S0) and {agree1:.0%} (S1)); give more calibration text or a"
+        " larger epsilon"
+    )
 
 
 def _warn_overlap(name: str, these: list[str] | None, other: str, those: list[str]) -> None:
@@ -306,7 +339,7 @@ def calibrate(
     extra = chunks_of(head_texts) if head_texts else None
     got = certify_chunks(
         feats, fit, cert, len(loaded.manifest.labels), epsilon=epsilon, delta=delta,
-        path=path, seed=seed, extra=extra,
+        path=path, seed=seed, extra=extra, languages=languages,
     )  # fmt: skip
     spec = _spec(
         loaded, got, (epsilon, delta), feats, fit, cert, extra, languages, chunking, engine, name
@@ -388,6 +421,7 @@ def _spec(
         expected_share_s1=n1 / len(cert),
         calibration_accepted=accepted,
         calibration_disagreements=disagreements,
+        strata=list(got.strata),
     )
     report = CalibrationReport(
         chunks=len(feats.target),

