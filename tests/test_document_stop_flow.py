@@ -157,7 +157,7 @@ def test_calibration_reads_documents_with_the_full_model_only_until_their_label_
     texts = [d.text for d in long_documents(16, seed=5)]
     docs = read_documents(
         enc,
-        texts,
+        [(t, None) for t in texts],
         chunking=SMALL_CHUNKS,
         cascade=cascade,
         aggregation=Aggregation.TOKEN_MEAN,

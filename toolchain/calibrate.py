@@ -226,12 +226,14 @@ def certify_chunks(
     seed: int = 0,
     extra: Features | None = None,
     languages: list[str] | None = None,
+    by_kind: bool = True,
 ) -> ChunkCertificate:
     """Fit the heads on the chunks ``fit`` (and all of ``extra``), then certify thresholds
     on the chunks ``cert``: with probability at least 1 - delta, the chunks the cheap
     stages accept disagree with the full model on at most epsilon, in every stratum the
     calibration holds enough of (:mod:`~kascade.toolchain.strata`; ``languages``, one
-    per text, name the texts' languages)."""
+    per text, name the texts' languages; ``by_kind`` False: one certificate for the
+    calibration's mix, as before strata)."""
     f0, f1, yf = feats.embeddings[fit], feats.hidden[fit], feats.target[fit]
     if extra is not None:
         f0, f1 = np.vstack([f0, extra.embeddings]), np.vstack([f1, extra.hidden])
@@ -248,8 +250,8 @@ def certify_chunks(
         return int((by0 | by1).sum()), int(wrong.sum())
 
     kinds = chunk_kinds(languages, feats.source)
-    planned = plan(kinds[0][cert], kinds[1][cert], epsilon, delta)
-    if len(planned) == 1:  # one certificate for the calibration's mix
+    planned = plan(kinds[0][cert], kinds[1][cert], epsilon, delta) if by_kind else []
+    if len(planned) <= 1:  # one certificate for the calibration's mix
         t, accepted, disagreements = certify(list(path), union, epsilon, delta)
         if t == DISABLED:
             _too_small(heads, feats, cert, epsilon, delta)
@@ -301,6 +303,7 @@ def calibrate(
     head_texts: list[str] | None = None,
     languages: list[str] | None = None,
     documents: list[str] | None = None,
+    document_languages: list[str] | None = None,
     fit_fraction: float | None = None,
     name: str = "default",
     path: tuple[float, ...] = PATH,
@@ -313,15 +316,16 @@ def calibrate(
     the chunking and the engine: the guarantee holds for chunks made that way, run by
     that engine (``auto`` resolved as ``kascade run`` resolves it), so a run with other
     chunking or another engine refuses the cascade. ``languages`` (one per text) splits
-    the report by language. ``documents`` (long texts like the stream's, none of them
-    among ``texts``) certify a document stop at ``epsilon_doc`` for ``aggregation``; when
-    none certifies, ``cascade.json`` is written without one and
+    the report and the strata (:mod:`~kascade.toolchain.strata`) by language.
+    ``documents`` (long texts like the stream's, none of them among ``texts``; their
+    ``document_languages`` pick their strata) certify a document stop at ``epsilon_doc``
+    for ``aggregation``; when none certifies, ``cascade.json`` is written without one and
     :class:`CalibrationTooSmall` says why. The full model runs on up to ``processes``
     worker processes (default: every core), with the same result.
     """
     c = config or CalibrateConfig()
     epsilon, delta, seed, chunking = c.epsilon, c.delta, c.seed, c.chunking
-    _check_sizes(texts, languages, documents, c.epsilon_doc, delta)
+    _check_sizes(texts, languages, documents, document_languages, c.epsilon_doc, delta)
     loaded = load_model_dir(model_dir)
     engine = backends.resolve(c.encoder, loaded.manifest)
     chunks_of = functools.partial(
@@ -346,19 +350,28 @@ def calibrate(
     )
     if documents is None:
         return _written(model_dir, spec)
-    return _with_document_stop(model_dir, spec, feats, len(texts), documents, c, engine, stop_path)
+    langs: list[str | None] = [None] * len(documents)
+    if document_languages is not None:
+        langs = [*document_languages]
+    named = list(zip(documents, langs, strict=True))
+    return _with_document_stop(model_dir, spec, feats, len(texts), named, c, engine, stop_path)
 
 
 def _check_sizes(
     texts: list[str],
     languages: list[str] | None,
     documents: list[str] | None,
+    document_languages: list[str] | None,
     epsilon_doc: float,
     delta: float,
 ) -> None:
     """Refuse, before any model runs, inputs that cannot make a certificate."""
     if languages is not None and len(languages) != len(texts):
         raise UsageError(f"{len(languages)} languages for {len(texts)} calibration texts")
+    if document_languages is not None and len(document_languages) != len(documents or []):
+        raise UsageError(
+            f"{len(document_languages)} languages for {len(documents or [])} documents"
+        )
     if documents is not None and len(documents) < min_accepted(epsilon_doc, delta):
         raise CalibrationTooSmall(
             f"{len(documents)} documents cannot certify a document stop at"
@@ -464,7 +477,7 @@ def _with_document_stop(
     spec: CascadeSpec,
     feats: Features,
     n_texts: int,
-    documents: list[str],
+    documents: list[tuple[str, str | None]],
     config: CalibrateConfig,
     engine: Engine,
     stop_path: tuple[StopRule, ...],
@@ -489,7 +502,7 @@ def _with_document_stop(
     blocks = passes.over_texts(
         model_dir,
         read,
-        [t for t in documents if t.strip()],
+        [(t, lang) for t, lang in documents if t.strip()],
         processes=config.processes,
         what="documents",
         engine=engine,

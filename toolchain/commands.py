@@ -232,22 +232,28 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         if args.head_texts
         else None
     )
-    texts, languages, documents = calibration.texts, calibration.labels, None
+    documents = None
     if args.documents is not None and args.documents.resolve() == args.texts.resolve():
         # One file of long texts: half certify the chunks, the other half the stop, so
         # the stop is tested on documents the chunk thresholds were not chosen on.
-        texts, languages, documents = split_documents(calibration, seed=config.seed)
+        calibration, documents = split_documents(calibration, seed=config.seed)
     elif args.documents is not None:
+        # Their languages, where the file names them, pick the strata the stop reads with.
         documents = read_examples(
-            args.documents, text_column=args.text_column, label_column=None
-        ).texts
+            args.documents,
+            text_column=args.text_column,
+            label_column=args.lang_column,
+            missing_label=UNDETERMINED,
+            label_optional=True,
+        )
     spec = calibrate(
         args.model,
-        texts,
+        calibration.texts,
         config,
         head_texts=head_texts,
-        languages=languages,
-        documents=documents,
+        languages=calibration.labels,
+        documents=None if documents is None else documents.texts,
+        document_languages=None if documents is None else documents.labels,
     )
     point = spec.operating_points[spec.default_operating_point]
     r = spec.report

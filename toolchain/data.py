@@ -21,6 +21,10 @@ class Examples:
     def __len__(self) -> int:
         return len(self.texts)
 
+    def subset(self, rows: np.ndarray) -> Examples:
+        labels = None if self.labels is None else [self.labels[i] for i in rows]
+        return Examples([self.texts[i] for i in rows], labels)
+
 
 # A long document is one field: csv's default limit (131,072 characters) would refuse
 # exactly the texts calibrate --documents is for.
@@ -66,16 +70,20 @@ def read_examples(
     text_column: str = "text",
     label_column: str | None = "label",
     missing_label: str | None = None,
+    label_optional: bool = False,
 ) -> Examples:
     """Texts (and labels, if ``label_column`` is given) from ``path``; every row must have
     them, as text or a number (UsageError naming the line otherwise), except that with
     ``missing_label`` a row without a label (no key, null, an empty cell) gets that one:
-    ``kascade sample`` writes no ``lang`` for a record that named none."""
+    ``kascade sample`` writes no ``lang`` for a record that named none. With
+    ``label_optional``, a file without the label column has no labels (``None``)."""
     path = Path(path)
     rows = _rows(path)
     if not rows:
         raise UsageError(f"{path} has no rows")
     columns = list(dict.fromkeys(col for _, row in rows for col in row))
+    if label_optional and label_column not in columns:
+        label_column = None
     for col in (text_column, label_column):
         if col is not None and col not in columns:
             raise UsageError(f"{path} has no column {col!r}; its columns are {', '.join(columns)}")
@@ -95,16 +103,13 @@ def read_examples(
     return Examples(texts, labels)
 
 
-def split_documents(
-    examples: Examples, *, seed: int
-) -> tuple[list[str], list[str] | None, list[str]]:
+def split_documents(examples: Examples, *, seed: int) -> tuple[Examples, Examples]:
     """A seeded half of the texts (with their labels) and the other half, sharing no
     text and no sentence (whole groups of texts to either side, :mod:`overlap`).
 
-    >>> texts, labels, rest = split_documents(Examples(list("abcd"), list("ABCD")), seed=0)
-    >>> sorted(texts + rest), [t.upper() for t in texts] == labels
+    >>> one, rest = split_documents(Examples(list("abcd"), list("ABCD")), seed=0)
+    >>> sorted(one.texts + rest.texts), [t.upper() for t in rest.texts] == rest.labels
     (['a', 'b', 'c', 'd'], True)
     """
     first, second = split_by_group(np.arange(len(examples)), groups(examples.texts), 0.5, seed)
-    labels = None if examples.labels is None else [examples.labels[i] for i in first]
-    return [examples.texts[i] for i in first], labels, [examples.texts[i] for i in second]
+    return examples.subset(first), examples.subset(second)

@@ -64,21 +64,22 @@ def on_topic_targets(f: Features, aggregation: Aggregation) -> np.ndarray:
 
 def read_documents(
     enc: Encoder,
-    texts: list[str],
+    texts: list[tuple[str, str | None]],
     *,
     chunking: ChunkSettings,
     cascade: Cascade,
     aggregation: Aggregation,
 ) -> list[Document]:
-    """Each text as the stop sees it, through the runtime's own cheap stages at the
-    cascade's operating point, and the full read's label. The full model runs on a
+    """Each text (with its language, which picks its stratum's thresholds) as the stop
+    sees it, through the runtime's own cheap stages at the cascade's operating point, and
+    the full read's label. The full model runs on a
     document's chunks in order only until no answer for the rest could change that label
     (:meth:`Strategy.decided`, exact), which halves calibration on long single-topic text.
     """
     strategy = STRATEGIES[aggregation]
     cheap = cheap_stages(enc, cascade, audit_fraction=0.0)
     docs = []
-    for n, text in enumerate(texts):
+    for n, (text, lang) in enumerate(texts):
         chunks = chunk_text(
             text,
             enc.model.tokenizer,
@@ -88,7 +89,7 @@ def read_documents(
         )
         if not chunks:
             continue
-        meta = DocMeta(f"calibration-{n}", len(chunks), None, None, None)
+        meta = DocMeta(f"calibration-{n}", len(chunks), lang, None, None)
         weights = [float(max(c.n_tokens, 1)) for c in chunks]
         seen: list[Seen] = []
         full: list[np.ndarray] = []

@@ -22,7 +22,8 @@ from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.schemas.engine import Engine
 
 T = TypeVar("T")
-Work = Callable[[Encoder, list[str]], T]
+X = TypeVar("X")  # a text, or a text with what the work needs to know about it
+Work = Callable[[Encoder, list[X]], T]
 
 # Texts per task: small enough to spread long and short texts over the processes and to
 # move the progress bar, large enough that a task outweighs its pickling.
@@ -31,7 +32,7 @@ BLOCK = 8
 _encoder: Encoder | None = None  # a worker process's own sessions
 
 
-def blocks_of(texts: list[str]) -> list[list[str]]:
+def blocks_of(texts: list[X]) -> list[list[X]]:
     """The consecutive blocks :func:`over_texts` hands out, in order."""
     return [texts[i : i + BLOCK] for i in range(0, len(texts), BLOCK)]
 
@@ -42,8 +43,8 @@ def available_cores() -> int:
 
 def over_texts(
     model_dir: Path,
-    work: Work[T],
-    texts: list[str],
+    work: Work[X, T],
+    texts: list[X],
     *,
     processes: int | None = None,
     what: str = "full model",
@@ -86,6 +87,6 @@ def _start(model_dir: str, engine: Engine) -> None:
     _encoder = Encoder(load_model_dir(Path(model_dir)), graphs="stages", engine=engine)
 
 
-def _run(work: Work[T], block: list[str]) -> T:
+def _run(work: Work[X, T], block: list[X]) -> T:
     assert _encoder is not None
     return work(_encoder, block)
