@@ -36,18 +36,19 @@ from kascade.operators.verdicts import cheap_stages
 from kascade.schemas.files import write_text_atomically
 
 
-def audits(model_dir: Path, texts: list[str]) -> list[list[bool]]:
+def audits(
+    model_dir: Path, texts: list[str], langs: list[str | None] | None = None
+) -> list[list[bool]]:
     """Per text, for each chunk the cheap stages settle (chunked as the cascade was
-    certified): did the full model disagree?"""
+    certified, at the thresholds of the text's stratum): did the full model disagree?"""
     model = load_model_dir(model_dir)
     encoder = Encoder(model, graphs="stages")
     cascade = Cascade.load(model_dir, model.manifest_sha256)
     cheap = cheap_stages(encoder, cascade, 0.0)
     chunking = cascade.spec.chunking
     specials = SpecialTokens.of(model.tokenizer)
-    meta = DocMeta(id="x", total_chunks=1, lang=None, metadata=None, timestamp_ms=None)
     out = []
-    for text in texts:
+    for n, text in enumerate(texts):
         chunks = chunk_text(
             text,
             model.tokenizer,
@@ -55,6 +56,10 @@ def audits(model_dir: Path, texts: list[str]) -> list[list[bool]]:
             overlap=chunking.overlap,
             max_chunks=64,
             specials=specials,
+        )
+        lang = None if langs is None else langs[n]
+        meta = DocMeta(
+            id="x", total_chunks=len(chunks), lang=lang, metadata=None, timestamp_ms=None
         )
         disagree = []
         for c in chunks:

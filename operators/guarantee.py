@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kascade.operators import metrics
 from kascade.schemas import suspensions
+from kascade.schemas.cascade import LENGTHS
 
 log = logging.getLogger(__name__)
 
@@ -249,7 +250,7 @@ class Guard:
             what = (
                 "every chunk goes"
                 if entry.scope == EVERYTHING
-                else (f"the chunks of language {entry.scope} go")
+                else (f"the chunks of {described(entry.scope)} go")
             )
             log.error(
                 "cascade guarantee violated %s (%s, recorded in %s): %s to the full model"
@@ -281,14 +282,15 @@ class Guard:
         if scope in self._said or EVERYTHING in self._said:
             return  # nothing wider to say: later alarms show in the gauge
         self._said.add(scope)
-        where = self._worst() if scope == EVERYTHING else f" on language {scope}"
+        where = self._worst() if scope == EVERYTHING else f" on {described(scope)}"
+        others = "languages" if described(scope).startswith("language") else "kinds of text"
         then = (
             "the cascade goes on (cascade.on_violation = alert)"
             if not self.suspend
             else "every chunk goes to the full model from now on (cascade.on_violation)"
             if scope == EVERYTHING
-            else f"the chunks of language {scope} go to the full model from now on, the other"
-            " languages keep their cascade (cascade.on_violation)"
+            else f"the chunks of {described(scope)} go to the full model from now on, the"
+            f" other {others} keep their cascade (cascade.on_violation)"
         )
         measured = f"{100 * fired.rate:.3g}% of {fired.audits} audited chunks"
         bound = (
@@ -328,6 +330,18 @@ class Guard:
         state = "violated" if violated else "holding"
         for s in ("holding", "violated"):
             metrics.GUARANTEE.labels(lang, s).set(1.0 if s == state else 0.0)
+
+
+def described(scope: str) -> str:
+    """A test's scope in words: a language, a length of document, or both.
+
+    >>> described("sw"), described("short"), described("de/long")
+    ('language sw', 'short documents', 'long documents in language de')
+    """
+    lang, _, length = scope.rpartition("/")
+    if length in LENGTHS:
+        return f"{length} documents" + (f" in language {lang}" if lang else "")
+    return f"language {scope}"
 
 
 def never_suspended(_doc: object) -> bool:

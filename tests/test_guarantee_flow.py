@@ -22,6 +22,7 @@ from helpers import (
     kascade_cli,
     kascade_run,
     labeled,
+    long_documents,
     output_ids,
     produce,
     send,
@@ -179,6 +180,65 @@ def test_one_drifted_language_goes_to_the_full_model_while_nine_keep_their_casca
             assert r.cascade is CascadeUse.ON, r
         elif d in after:  # sw: the full model on every chunk, and said so
             assert r.cascade is CascadeUse.SUSPENDED and r.chunks.full_model == r.chunks.total
+
+
+def test_a_drift_in_short_documents_suspends_them_alone_and_long_ones_keep_their_cascade(
+    kafka_settings: KafkaSettings, exported: dict[str, Path], tmp_path: Path
+) -> None:
+    # Calibrated on short texts and long documents alike: each length certified apart.
+    model = tmp_path / "model"
+    shutil.copytree(exported["modernbert"], model)
+    long_texts = [d.text for d in long_documents(40, seed=1)]
+    spec = calibrate(
+        model, texts(600) + long_texts,
+        calibration(epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS), path=TINY_PATH,
+    )  # fmt: skip
+    strata = spec.operating_points[spec.default_operating_point].strata
+    assert [s.name for s in strata] == ["short", "long", "other"]
+    _, disagree = by_agreement(model, texts(100) + word_salad(1500))  # one chunk each
+    candidates = [d.text for d in long_documents(80, seed=3)]
+    steady = [t for t, o in zip(candidates, audits(model, candidates), strict=True) if not any(o)]
+    assert len(disagree) >= 3 and len(steady) >= 10, (len(disagree), len(steady))
+
+    def stream(prefix: str, n: int, drifted: int) -> list[InputDocument]:
+        out = [InputDocument(id=f"{prefix}-{i}", text=steady[i % len(steady)]) for i in range(n)]
+        for j in range(drifted):  # never first, as in nine_and_sw
+            doc = InputDocument(id=f"{prefix}-short-{j}", text=disagree[j % len(disagree)])
+            out.insert(((j + 1) * len(out)) // (drifted + 1), doc)
+        return out
+
+    port = free_port()
+    job = kascade_run(
+        kafka_settings, model, "--cascade", "on", "--cascade.audit-fraction", "1",
+        "--metrics-port", str(port),
+    )  # fmt: skip
+    before, after = stream("a", 60, 12), stream("b", 40, 8)
+    try:
+        send(kafka_settings, before)
+        wait_for(kafka_settings, {d.id for d in before}, job)
+        assert metric(port, 'kascade_cascade_guarantee{lang="short",state="violated"}') == 1.0
+        send(kafka_settings, after)
+        wait_for(kafka_settings, {d.id for d in after}, job)
+        assert metric(port, 'kascade_cascade_guarantee{lang="long",state="holding"}') == 1.0
+        assert metric(port, 'kascade_cascade_guarantee{lang="all",state="holding"}') == 1.0
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    alarms = [line for line in err.splitlines() if "cascade guarantee violated" in line]
+    assert len(alarms) == 1 and "violated on short documents:" in alarms[0], err
+    assert "the other kinds of text keep their cascade" in alarms[0]
+    records = {i: rs[-1] for i, rs in labeled(kafka_settings).items()}
+    assert set(records) == {d.id for d in before + after}  # nothing lost
+    settled_long = 0
+    for d in before + after:
+        r = records[d.id]
+        if "-short-" not in d.id:  # the long documents keep the whole of their cascade
+            assert r.cascade is CascadeUse.ON, r
+            settled_long += r.chunks.total - r.chunks.full_model
+        elif d in after:  # short: the full model on every chunk, and said so
+            assert r.cascade is CascadeUse.SUSPENDED and r.chunks.full_model == r.chunks.total
+    assert settled_long > 0
 
 
 def test_a_suspension_survives_a_kill_9_of_a_worker_and_holds_in_every_process(
