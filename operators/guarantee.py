@@ -34,7 +34,7 @@ from pathlib import Path
 
 from kascade.operators import metrics
 from kascade.schemas import suspensions
-from kascade.schemas.cascade import LENGTHS
+from kascade.schemas.cascade import LENGTHS, POOL
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +93,7 @@ class BoundTest:
 
 
 # Where the languages past ``max_languages`` are pooled, in the tests and the metrics.
-OTHER = "other"
+OTHER = POOL  # the calibration's pool stratum is tested as one too
 # The overall test's name in the metrics, and the scope of its violation: every language.
 # A record's own "all" or "other" (valid tag shapes) is tested in the pool.
 EVERYTHING = "all"

@@ -155,7 +155,7 @@ class Stratum(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    name: str = Field(min_length=1, max_length=160)
+    name: str = Field(min_length=1)
     languages: list[str] = Field(
         default_factory=list,
         description="The languages it covers; empty: the pool, every language (and length)"

@@ -4,13 +4,14 @@ where one certificate for the calibration's mix does not."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import SMALL_CHUNKS, TINY_PATH, calibration, texts
+from helpers import SMALL_CHUNKS, TINY_PATH, calibration, kascade_cli, texts
 from pydantic import ValidationError
 
 from kascade.operators.calibration import Cascade
@@ -56,6 +57,12 @@ def test_a_calibration_of_one_kind_or_too_little_of_each_keeps_one_certificate()
     assert named(plan(*kinds(("de", "short", 5000)), 0.02, 0.05)) == {POOL: 5000}
     few = kinds(*((lang, "short", 100) for lang in ("de", "en", "fr", "ja", "sw")))
     assert named(plan(*few, 0.02, 0.05)) == {POOL: 500}
+
+
+def test_language_tags_that_name_the_pool_everything_or_any_language_never_stand_alone() -> None:
+    tags = ["other", "all", "*", "de"]
+    langs, lengths = chunk_kinds(tags, np.repeat(np.arange(4), 900))
+    assert named(plan(langs, lengths, 0.02, 0.05)) == {"de/long": 900, POOL: 2700}
 
 
 def test_without_languages_the_strata_are_lengths_of_any_language() -> None:
@@ -193,3 +200,23 @@ def _point(strata: list[Stratum]) -> OperatingPoint:
         expected_share_s0=0.5, expected_share_s1=0.2, calibration_accepted=100,
         calibration_disagreements=0, strata=strata,
     )  # fmt: skip
+
+
+def test_kascade_calibrate_prints_each_stratum_and_the_documents_languages_pick_theirs(
+    exported: dict[str, Path], tmp_path: Path
+) -> None:
+    d = tmp_path / "m"
+    shutil.copytree(exported["modernbert"], d)
+    rows = [{"text": t, "lang": ["en", "de"][i % 2]} for i, t in enumerate(texts(900))]
+    data = tmp_path / "texts.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    r = kascade_cli(
+        "calibrate", "--model", str(d), "--texts", str(data), "--lang-column", "lang",
+        "--epsilon", "0.1", "--delta", "0.1", "--chunk-tokens", "64", "--overlap", "8",
+        timeout=600,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "certified per kind of text" in r.stdout, r.stdout
+    lines = [line.strip() for line in r.stdout.splitlines()]
+    assert any(line.startswith("de/short (de, short documents): S1 ") for line in lines), lines
+    assert any(line.startswith("other (the rest (on the whole calibration mix))") for line in lines)

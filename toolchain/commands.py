@@ -19,7 +19,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource
 
 from kascade.arguments import probability
 from kascade.errors import UsageError
-from kascade.schemas.cascade import OperatingPoint
+from kascade.schemas.cascade import UNDETERMINED, OperatingPoint
 from kascade.schemas.engine import Engine
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.settings import settings_error
@@ -208,9 +208,6 @@ def _engines(given: str) -> tuple[Engine, ...]:
     if unable:
         raise UsageError(f"--engines: this host cannot run {', '.join(unable)}")
     return engines
-
-
-UNDETERMINED = "und"
 
 
 def _cmd_calibrate(args: argparse.Namespace) -> int:

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kascade.operators.guarantee import EVERYTHING
 from kascade.schemas.cascade import (
     ANY_LANGUAGE,
     LENGTHS,
@@ -36,6 +37,10 @@ from kascade.schemas.cascade import (
     stratum_in,
 )
 from kascade.toolchain.certify import certify, min_accepted, upper_bound
+
+# Languages that never stand alone: the pool's name, the live test's name for everything,
+# and the mark of a stratum of any language would all mean something else as a stratum.
+RESERVED = {POOL, EVERYTHING}
 
 # A kind of text stands alone with this many times the fewest accepted chunks its test
 # needs (fewer and it would likely certify nothing: its chunks would all go to the full
@@ -67,7 +72,8 @@ def chunk_kinds(
     lengths = np.array([length_of(int(n)) for n in per_text[source]], dtype=object)
     if languages is None:
         return np.full(len(source), ANY_LANGUAGE, dtype=object), lengths
-    named = [lang or UNDETERMINED for lang in languages]
+    # A text's own "*" does not mean every language: it goes to the pool, as at run time.
+    named = [POOL if lang == ANY_LANGUAGE else lang or UNDETERMINED for lang in languages]
     return np.asarray(named, dtype=object)[source], lengths
 
 
@@ -85,7 +91,7 @@ def plan(langs: np.ndarray, lengths: np.ndarray, epsilon: float, delta: float) -
     bar = STAND_ALONE * min_accepted(epsilon, delta / (len(cells) + 1))
     out: list[Planned] = []
     left = np.ones(len(langs), dtype=bool)
-    for lang in sorted({a for a, _ in cells}):
+    for lang in sorted({a for a, _ in cells} - RESERVED):
         mine = langs == lang
         small = []
         for length in LENGTHS:
