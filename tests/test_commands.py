@@ -107,7 +107,11 @@ def test_calibrate_writes_cascade_json_and_prints_the_guarantee_per_language(
     lines = stdout.strip().splitlines()
     assert lines[0].startswith(f"wrote {model}/cascade.json: 400 chunks of 64-token chunks")
     assert lines[3].startswith("certified: accepted chunks disagree with the full model on <= 0.1")
-    assert sorted(line.split(":")[0] for line in lines[4:6]) == ["  deu_Latn", "  jpn_Jpan"]
+    # each language's texts are enough to certify it apart: a stratum each, and the pool
+    assert lines[4].startswith("certified per kind of text, each at its share of delta")
+    strata = [line.strip().split(" (")[0] for line in lines[5:8]]
+    assert strata == ["deu_Latn/short", "jpn_Jpan/short", "other"], lines
+    assert sorted(line.split(":")[0] for line in lines[8:10]) == ["  deu_Latn", "  jpn_Jpan"]
     assert lines[-1].startswith("the guarantee holds for text like the calibration text")
     spec = CascadeSpec.model_validate_json((model / CASCADE_FILE).read_text())
     assert (spec.chunking.max_tokens, spec.chunking.overlap) == (64, 8)
