@@ -43,6 +43,34 @@ def write(path: Path, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
+def parallel(data: Path) -> tuple[dict[str, dict[str, dict]], dict[str, list[str]]]:
+    """Every language's train and dev rows by sentence id, and the ids every language
+    has, by topic (sorted): the blocks of parallel documents are drawn from these."""
+    by_lang: dict[str, dict[str, dict]] = {}
+    for lang_dir in sorted(p for p in data.iterdir() if p.is_dir()):
+        rows = read(lang_dir / "train.tsv") + read(lang_dir / "dev.tsv")
+        by_lang[lang_dir.name] = {r["index_id"]: r for r in rows}
+    common = set.intersection(*(set(rows) for rows in by_lang.values()))
+    first = next(iter(by_lang.values()))
+    topics: dict[str, list[str]] = {}
+    for index_id in sorted(common):
+        topics.setdefault(first[index_id]["category"], []).append(index_id)
+    return by_lang, topics
+
+
+def joined(
+    by_lang: dict[str, dict[str, dict]], blocks: list[list[str]]
+) -> tuple[list[str], list[int]]:
+    """Each block's sentences joined into one document per language, and the block each
+    document was made of (its group: its translations share it)."""
+    texts, groups = [], []
+    for b, block in enumerate(blocks):
+        for rows in by_lang.values():
+            texts.append(" ".join(rows[i]["text"] for i in block))
+            groups.append(b)
+    return texts, groups
+
+
 def split(
     data: Path,
     out: Path,

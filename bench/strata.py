@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.env import environment
-from bench.sib200 import read
+from bench.sib200 import joined, parallel
 from kascade.operators.encoder import load_model_dir
 from kascade.toolchain.calibrate import ChunkCertificate, certify_chunks
 from kascade.toolchain.certify import CalibrationTooSmall
@@ -45,15 +45,7 @@ def documents(
     """Documents of one topic and language each, and the block of sentence ids each was
     made of (its group: shared by its translations)."""
     rng = random.Random(seed)
-    by_lang: dict[str, dict[str, dict]] = {}
-    for lang_dir in sorted(p for p in data.iterdir() if p.is_dir()):
-        rows = read(lang_dir / "train.tsv") + read(lang_dir / "dev.tsv")
-        by_lang[lang_dir.name] = {r["index_id"]: r for r in rows}
-    common = set.intersection(*(set(rows) for rows in by_lang.values()))
-    first = next(iter(by_lang.values()))
-    topics: dict[str, list[str]] = {}
-    for index_id in sorted(common):
-        topics.setdefault(first[index_id]["category"], []).append(index_id)
+    by_lang, topics = parallel(data)
     blocks: list[list[str]] = []
     for ids in topics.values():
         rng.shuffle(ids)
@@ -63,12 +55,7 @@ def documents(
                 n = rng.randint(lo, hi)
                 blocks.append(part[:n])
                 part = part[n:]
-    texts, groups = [], []
-    for b, block in enumerate(blocks):
-        for rows in by_lang.values():
-            texts.append(" ".join(rows[i]["text"] for i in block))
-            groups.append(b)
-    return texts, groups
+    return joined(by_lang, blocks)
 
 
 def rates(got: ChunkCertificate, feats: Features, held: np.ndarray, kinds: dict) -> dict:
