@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.env import environment
+from bench.env import report_splits
 from bench.sib200 import read
 from kascade.operators.encoder import load_model_dir
 from kascade.schemas.settings import ChunkSettings
@@ -134,11 +134,7 @@ def main() -> None:
         if certified
         else None,
     }
-    print(json.dumps(summary))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        report = {"environment": environment(), "summary": summary, "splits": rows}
-        args.json.write_text(json.dumps(report, indent=1))
+    report_splits(args.json, summary, rows)
 
 
 if __name__ == "__main__":

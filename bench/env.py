@@ -9,6 +9,9 @@ import json
 import os
 import platform
 from importlib import metadata
+from pathlib import Path
+
+from kascade.schemas.files import write_text_atomically
 
 VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16")
 # Matrix units: where bf16 (and int8 through OpenVINO) beat ONNX Runtime's INT8 kernels.
@@ -50,6 +53,16 @@ def environment() -> dict:
         "python": platform.python_version(),
         "packages": versions,
     }
+
+
+def report_splits(path: Path | None, summary: dict, rows: list[dict]) -> None:
+    """Print a split benchmark's summary and, given ``path``, write it with every split
+    and the environment it ran in (atomically)."""
+    print(json.dumps(summary))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        report = {"environment": environment(), "summary": summary, "splits": rows}
+        write_text_atomically(path, json.dumps(report, indent=1))
 
 
 if __name__ == "__main__":

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.env import environment
+from bench.env import report_splits
 from bench.sib200 import joined, parallel
 from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.calibration import Head, on_topic_of
@@ -202,11 +202,7 @@ def main() -> None:
         if certified
         else None,
     }
-    print(json.dumps(summary))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        report = {"environment": environment(), "summary": summary, "splits": rows}
-        args.json.write_text(json.dumps(report, indent=1))
+    report_splits(args.json, summary, rows)
 
 
 if __name__ == "__main__":

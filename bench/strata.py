@@ -28,7 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.env import environment
+from bench.env import report_splits
 from bench.sib200 import joined, parallel
 from kascade.operators.encoder import load_model_dir
 from kascade.toolchain.calibrate import ChunkCertificate, certify_chunks
@@ -141,11 +141,7 @@ def main() -> None:
         summary[how] = {"certified": len(done)} | {
             kind: _summary([d["held_out"][kind] for d in done], args.epsilon) for kind in kinds
         }
-    print(json.dumps(summary))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        report = {"environment": environment(), "summary": summary, "splits": rows}
-        args.json.write_text(json.dumps(report, indent=1))
+    report_splits(args.json, summary, rows)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import shutil
 import signal
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,7 +34,7 @@ from tiny_models import CORPUS
 from bench.guarantee import audits
 from kascade.dataflow.consume import read_all
 from kascade.dataflow.ports import free_port
-from kascade.schemas import CascadeUse, DeadLetter, InputDocument
+from kascade.schemas import CascadeUse, DeadLetter, InputDocument, OutputRecord
 from kascade.schemas.cascade import CASCADE_FILE
 from kascade.schemas.kafka import KafkaSettings
 from kascade.toolchain.calibrate import calibrate
@@ -128,20 +129,53 @@ def test_a_stream_that_drifts_mid_run_trips_the_guarantee_and_falls_back_losing_
 STEADY = ["de", "en", "fr", "es", "it", "nl", "pl", "pt", "tr"]
 
 
+def interleaved(steady: list[InputDocument], drifted: list[InputDocument]) -> list[InputDocument]:
+    """``drifted`` spread evenly among ``steady``, never first: audits of the drifted kind
+    alone, before any other's, are all the overall test has seen, and it fires for
+    everything instead of for that kind."""
+    out = list(steady)
+    for j, doc in enumerate(drifted):
+        out.insert(((j + 1) * len(out)) // (len(drifted) + 1), doc)
+    return out
+
+
 def nine_and_sw(
     prefix: str, n: int, drifted: int, agree: list[str], disagree: list[str]
 ) -> list[InputDocument]:
     """``n`` documents in nine steady languages, ``drifted`` in sw spread among them."""
-    out = [
+    steady = [
         InputDocument(id=f"{prefix}-{i}", text=agree[i % len(agree)], lang=STEADY[i % 9])
         for i in range(n)
     ]
-    for j in range(drifted):  # sw: the calibration's words in any order
-        doc = InputDocument(id=f"{prefix}-sw-{j}", text=disagree[j % len(disagree)], lang="sw")
-        # never first: audits of sw alone, before any other language's, are all the overall
-        # test has seen, and it fires for every language instead of sw's
-        out.insert(((j + 1) * len(out)) // (drifted + 1), doc)
-    return out
+    sw = [  # the calibration's words in any order
+        InputDocument(id=f"{prefix}-sw-{j}", text=disagree[j % len(disagree)], lang="sw")
+        for j in range(drifted)
+    ]
+    return interleaved(steady, sw)
+
+
+def contained(
+    k: KafkaSettings,
+    err: str,
+    sent: list[InputDocument],
+    drifted: Callable[[InputDocument], bool],
+    after: list[InputDocument],
+    alarm: tuple[str, ...],
+) -> dict[str, OutputRecord]:
+    """One alarm, every phrase of ``alarm`` in it; every id labeled; the steady documents
+    all on their cascade; the drifted ones sent ``after`` it all on the full model, and
+    marked so. Returns the last record of each id."""
+    alarms = [line for line in err.splitlines() if "cascade guarantee violated" in line]
+    assert len(alarms) == 1 and all(phrase in alarms[0] for phrase in alarm), err
+    records = {i: rs[-1] for i, rs in labeled(k).items()}
+    assert set(records) == {d.id for d in sent}  # nothing lost
+    for d in sent:
+        r = records[d.id]
+        if not drifted(d):  # the steady kinds keep the whole of their cascade
+            assert r.cascade is CascadeUse.ON, r
+        elif d in after:  # the drifted kind: the full model on every chunk, and said so
+            assert r.cascade is CascadeUse.SUSPENDED and r.chunks.full_model == r.chunks.total
+    return records
 
 
 def test_one_drifted_language_goes_to_the_full_model_while_nine_keep_their_cascade(
@@ -169,17 +203,10 @@ def test_one_drifted_language_goes_to_the_full_model_while_nine_keep_their_casca
         job.send_signal(signal.SIGTERM)
         _, err = job.communicate(timeout=60)
     assert job.returncode == 0, err
-    alarms = [line for line in err.splitlines() if "cascade guarantee violated" in line]
-    assert len(alarms) == 1 and "violated on language sw:" in alarms[0], err
-    assert "the other languages keep their cascade" in alarms[0]
-    records = {i: rs[-1] for i, rs in labeled(kafka_settings).items()}
-    assert set(records) == {d.id for d in before + after}  # nothing lost
-    for d in before + after:
-        r = records[d.id]
-        if d.lang != "sw":  # the nine keep the whole of their cascade
-            assert r.cascade is CascadeUse.ON, r
-        elif d in after:  # sw: the full model on every chunk, and said so
-            assert r.cascade is CascadeUse.SUSPENDED and r.chunks.full_model == r.chunks.total
+    contained(
+        kafka_settings, err, before + after, lambda d: d.lang == "sw", after,
+        ("violated on language sw:", "the other languages keep their cascade"),
+    )  # fmt: skip
 
 
 def test_a_drift_in_short_documents_suspends_them_alone_and_long_ones_keep_their_cascade(
@@ -202,11 +229,14 @@ def test_a_drift_in_short_documents_suspends_them_alone_and_long_ones_keep_their
     assert len(disagree) >= 3 and len(steady) >= 10, (len(disagree), len(steady))
 
     def stream(prefix: str, n: int, drifted: int) -> list[InputDocument]:
-        out = [InputDocument(id=f"{prefix}-{i}", text=steady[i % len(steady)]) for i in range(n)]
-        for j in range(drifted):  # never first, as in nine_and_sw
-            doc = InputDocument(id=f"{prefix}-short-{j}", text=disagree[j % len(disagree)])
-            out.insert(((j + 1) * len(out)) // (drifted + 1), doc)
-        return out
+        long_docs = [
+            InputDocument(id=f"{prefix}-{i}", text=steady[i % len(steady)]) for i in range(n)
+        ]
+        short = [
+            InputDocument(id=f"{prefix}-short-{j}", text=disagree[j % len(disagree)])
+            for j in range(drifted)
+        ]
+        return interleaved(long_docs, short)
 
     port = free_port()
     job = kascade_run(
@@ -230,20 +260,13 @@ def test_a_drift_in_short_documents_suspends_them_alone_and_long_ones_keep_their
         job.send_signal(signal.SIGTERM)
         _, err = job.communicate(timeout=60)
     assert job.returncode == 0, err
-    alarms = [line for line in err.splitlines() if "cascade guarantee violated" in line]
-    assert len(alarms) == 1 and "violated on short documents:" in alarms[0], err
-    assert "the other kinds of text keep their cascade" in alarms[0]
-    records = {i: rs[-1] for i, rs in labeled(kafka_settings).items()}
-    assert set(records) == {d.id for d in steady_first + before + after}  # nothing lost
-    settled_long = 0
-    for d in steady_first + before + after:
-        r = records[d.id]
-        if "-short-" not in d.id:  # the long documents keep the whole of their cascade
-            assert r.cascade is CascadeUse.ON, r
-            settled_long += r.chunks.total - r.chunks.full_model
-        elif d in after:  # short: the full model on every chunk, and said so
-            assert r.cascade is CascadeUse.SUSPENDED and r.chunks.full_model == r.chunks.total
-    assert settled_long > 0
+    sent = steady_first + before + after
+    records = contained(
+        kafka_settings, err, sent, lambda d: "-short-" in d.id, after,
+        ("violated on short documents:", "the other kinds of text keep their cascade"),
+    )  # fmt: skip
+    long_records = [records[d.id] for d in sent if "-short-" not in d.id]
+    assert sum(r.chunks.total - r.chunks.full_model for r in long_records) > 0
 
 
 def test_a_suspension_survives_a_kill_9_of_a_worker_and_holds_in_every_process(
