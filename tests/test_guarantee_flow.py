@@ -506,10 +506,12 @@ def test_thousands_of_invented_languages_neither_kill_a_worker_nor_grow_the_metr
     assert job.returncode == 0, err
     assert "Traceback" not in err and "FAKE LOG LINE" not in err
     # The job's one test runs on one worker: 8 named, the pool, overall; the other
-    # worker's gauge has only the overall series it starts with.
+    # worker's gauge has the overall series it starts with, and the pool only where it
+    # took up the pool's suspension from its peer (whether the pool's test fires on
+    # these invented languages depends on which records reach it first).
     tested, other = sorted(followed, key=len, reverse=True)
     assert len(tested) == 8 + 2 and {"all", "other"} <= tested, tested
-    assert other == {"all"}, other
+    assert {"all"} <= other <= {"all", "other"}, other
     dead = {
         d.original_key().decode(): d
         for d in (
