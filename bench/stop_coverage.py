@@ -17,7 +17,8 @@ probabilities, the thresholds of its chunks' stratum, the on-topic head, the ful
 model's answers), exactly as :func:`~kascade.toolchain.document_stop.read_documents`
 reads it through the graphs, so a split costs no model run. A block of sentence ids
 makes one document in every language, and a block with all its translations goes to one
-side of every split.
+side of every split; the stop's test counts a block's translations as one draw, as
+``kascade calibrate --group-column`` does (``--each-document``: each one, as before).
 
     python -m bench.stop_coverage --model ~/.cache/kascade/models/demo-e5-small-55bb0dcc0bd3 \\
         --data ../shared/data/sib200 --json runs/stop_coverage.json
@@ -85,8 +86,10 @@ def read_all(
     got: ChunkCertificate,
     on_topic: Head | None,
     aggregation: Aggregation,
+    groups: list[int] | None = None,
 ) -> list[Document]:
-    """Each document of ``docs`` (text indices) as a run reads it, from the features."""
+    """Each document of ``docs`` (text indices) as a run reads it, from the features,
+    with its group of related documents where ``groups`` (one per text) gives one."""
     s0, s1 = Head.of(got.s0.weights), Head.of(got.s1.weights)
     out = []
     for d in docs:
@@ -107,7 +110,8 @@ def read_all(
         weights = np.maximum(feats.tokens[rows], 1).astype(np.float64)
         full, _ = STRATEGIES[aggregation].combine(feats.full[rows], weights)
         ends = [int(e) for e in feats.ends[rows]]
-        out.append(Document(seen, int(full), ends, int(feats.text_tokens[rows[0]])))
+        group = None if groups is None else groups[d]
+        out.append(Document(seen, int(full), ends, int(feats.text_tokens[rows[0]]), group))
     return out
 
 
@@ -129,15 +133,17 @@ def one_split(
         return row | {"certified": False, "why": "chunks"}
     weights = fit_on_topic(subset(feats, chunks), agg, s)
     on_topic = None if weights is None else Head.of(weights)
-    stop_docs = read_all(feats, np.unique(feats.source[stop_chunks]), got, on_topic, agg)
+    related = None if args.each_document else groups  # a block's translations: one draw
+    stop_docs = read_all(feats, np.unique(feats.source[stop_chunks]), got, on_topic, agg, related)
     held_docs = read_all(feats, np.unique(feats.source[held]), got, on_topic, agg)
     row |= {"stop_documents": len(stop_docs), "held_out_documents": len(held_docs)}
     # As kascade calibrate: without an on-topic head, no rule that asks it.
     path = tuple(r for r in STOP_PATH if on_topic is not None or r.min_on_topic == 0)
     try:
         stop = certify_stop(
-            stop_docs, aggregation=agg, epsilon=args.epsilon_doc, delta=args.delta, path=path
-        )
+            stop_docs, aggregation=agg, epsilon=args.epsilon_doc, delta=args.delta, path=path,
+            seed=s,
+        )  # fmt: skip
     except CalibrationTooSmall:
         return row | {"certified": False, "why": "stop"}
     r = replay(stop.rule, held_docs, agg)
@@ -146,6 +152,7 @@ def one_split(
         "certified": True,
         "rule": stop.rule.describe(),
         "calibration": f"{stop.disagreements}/{stop.stopped}",
+        "draws": stop.draws,
         "held_out_stopped": r.stopped,
         "held_out_disagreement": rate,
         "above_epsilon_doc": rate > args.epsilon_doc,
@@ -168,6 +175,11 @@ def main() -> None:
     ap.add_argument("--aggregation", default="token_mean")
     ap.add_argument("--chunk-tokens", type=int, default=256)
     ap.add_argument("--overlap", type=int, default=32)
+    ap.add_argument(
+        "--each-document",
+        action="store_true",
+        help="count every document as a draw, as calibration did before it counted groups",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
@@ -193,6 +205,7 @@ def main() -> None:
         "certified": len(certified),
         "above_epsilon_doc": sum(r["above_epsilon_doc"] for r in certified),
         "epsilon_doc": args.epsilon_doc,
+        "draws": "each document" if args.each_document else "one per block",
         "delta": args.delta,
         "median_held_out_disagreement": float(np.median(rates)) if rates else None,
         "max_held_out_disagreement": max(rates, default=None),

@@ -23,7 +23,8 @@ DEFAULT_EPSILON = 0.01
 DEFAULT_DELTA = 0.05
 # 2: records the chunking and tokenizer it was certified on; 3: may hold a document stop;
 # 4: names the engine (earlier versions were all made with ONNX Runtime in FP32);
-# 5: may certify per stratum (language and document length)
+# 5: may certify per stratum (language and document length); its document stop counts
+# groups of related documents once
 CASCADE_VERSION = 5
 READABLE_VERSIONS = (2, 3, 4, 5)
 # A text's language where its record names none (BCP-47 "undetermined").
@@ -282,8 +283,15 @@ class DocumentStop(BaseModel):
     epsilon: float = Field(gt=0, lt=1)
     delta: float = Field(gt=0, lt=1)
     documents: int = Field(ge=0, description="Calibration documents it was certified on.")
-    stopped: int = Field(ge=0, description="Of those, documents it stopped before the end.")
-    disagreements: int = Field(ge=0, description="Stopped documents labeled otherwise.")
+    draws: int | None = Field(
+        None,
+        ge=0,
+        description="Of those, the independent draws the test counted: one document per"
+        " group of related documents (translations, copies of one source). None in files"
+        " written before groups were counted, where every document was one.",
+    )
+    stopped: int = Field(ge=0, description="Of the draws, documents it stopped early.")
+    disagreements: int = Field(ge=0, description="Stopped draws labeled otherwise.")
     upper_bound_at_delta: float
     chunks_read_share: float = Field(
         description="Chunks read over chunks in all, on the calibration documents."

@@ -3,12 +3,13 @@ line, and a long document in a CSV field is read whole."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
 from kascade.errors import UsageError
-from kascade.toolchain.data import read_examples
+from kascade.toolchain.data import read_examples, split_documents
 
 
 @pytest.mark.parametrize(
@@ -73,3 +74,26 @@ def test_a_column_is_found_in_any_row_not_only_the_first(tmp_path: Path) -> None
     path.write_text('{"text": "a"}\n{"text": "b", "lang": "de"}\n')
     with pytest.raises(UsageError, match="has no column 'language'; its columns are text, lang"):
         read_examples(path, label_column="language", missing_label="und")
+
+
+def test_a_group_column_relates_rows_and_the_halves_never_split_a_group(tmp_path: Path) -> None:
+    # Translations of one text share a group; a row without one is related to none.
+    rows = [{"text": f"text {i} in language {lang}", "src": f"s{i}"} for i in range(20)
+            for lang in ("de", "fr", "sw")]  # fmt: skip
+    rows += [{"text": "unrelated one"}, {"text": "unrelated two", "src": ""}]
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    got = read_examples(path, label_column=None, group_column="src")
+    assert got.groups is not None
+    assert got.groups[:3] == ["s0"] * 3 and got.groups[-2:] == [None, None]
+    one, other = split_documents(got, seed=3)
+    assert len(one) + len(other) == len(rows)
+    assert one.groups is not None and other.groups is not None
+    assert not {g for g in one.groups if g} & {g for g in other.groups if g}
+    assert all(one.groups.count(g) == 3 for g in one.groups if g)
+    # Without the column: an error where it must be there, none where it is optional.
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text('{"text": "a"}\n')
+    with pytest.raises(UsageError, match="has no column 'src'"):
+        read_examples(plain, label_column=None, group_column="src")
+    assert read_examples(plain, label_column=None, group_column="src", optional=True).groups is None

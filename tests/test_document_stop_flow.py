@@ -148,7 +148,11 @@ def test_calibration_reads_documents_with_the_full_model_only_until_their_label_
     from kascade.operators.calibration import Cascade
     from kascade.operators.encoder import Encoder, load_model_dir
     from kascade.schemas import Aggregation
-    from kascade.toolchain.document_stop import full_read_labels, read_documents
+    from kascade.toolchain.document_stop import (
+        CalibrationText,
+        full_read_labels,
+        read_documents,
+    )
     from kascade.toolchain.features import extract_block
 
     loaded = load_model_dir(stopping)
@@ -157,7 +161,7 @@ def test_calibration_reads_documents_with_the_full_model_only_until_their_label_
     texts = [d.text for d in long_documents(16, seed=5)]
     docs = read_documents(
         enc,
-        [(t, None) for t in texts],
+        [CalibrationText(t) for t in texts],
         chunking=SMALL_CHUNKS,
         cascade=cascade,
         aggregation=Aggregation.TOKEN_MEAN,

@@ -85,9 +85,11 @@ def test_calibrate_names_documents_that_share_sentences_with_its_texts(
     shutil.copytree(exported["modernbert"], model)
     # Documents of another source than the calibration texts (the test corpus's long
     # documents are made of its sentences, as its texts are: near-copies of them).
+    # (named in letters: documents that differ only in digits are one draw for the stop)
+    names = ["".join("abcdefghij"[int(d)] for d in str(i)) for i in range(60)]
     docs = [
-        f"Archive entry {i}. " + "The crate by the north wall holds old maps and letters. " * 9
-        for i in range(60)
+        f"Archive entry {name}. " + "The crate by the north wall holds old maps and letters. " * 9
+        for name in names
     ]
     calibration = tmp_path / "texts.jsonl"
     calibration.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts(400)))

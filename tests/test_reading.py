@@ -335,3 +335,56 @@ def test_a_certified_stop_holds_on_fresh_documents() -> None:
         violations += t.disagreements / t.stopped > epsilon
     assert certified > 40
     assert violations / certified <= delta + 3 * np.sqrt(delta * (1 - delta) / certified)
+
+
+def test_related_documents_count_as_one_draw_so_a_wrong_rule_certifies_at_most_delta() -> None:
+    """Seeded simulation of translations: every document of a group reads alike and is
+    right or wrong together (one text's opening fools the stop in every language). The
+    rule stops 6% of texts wrongly, above epsilon 5%, so every certificate is wrong.
+    Counted one by one, 30 texts in 20 languages look like 600 draws and certify the
+    wrong rule in far more than delta of calibrations; counted once per group they
+    cannot (30 draws are too few), and 100 texts in 6 languages certify it in <= delta."""
+    epsilon, delta = 0.05, 0.05
+    rng = np.random.default_rng(11)
+
+    def draw(texts: int, languages: int, grouped: bool) -> list[Document]:
+        docs = []
+        for g in range(texts):
+            label = int(rng.integers(2))
+            right, wrong = (A, B) if label == 0 else (B, A)
+            opening = wrong if rng.random() < 0.06 else right
+            text = doc([settled(opening)] * 2 + [settled(right)] * 4, label)
+            docs += [dataclasses.replace(text, group=g if grouped else None)] * languages
+        return docs
+
+    def certified(texts: int, languages: int, grouped: bool, calibrations: int = 300) -> float:
+        wrong = 0
+        for _ in range(calibrations):
+            try:
+                stop = certify_stop(
+                    draw(texts, languages, grouped), aggregation=TM, epsilon=epsilon,
+                    delta=delta, path=(TWO,),
+                )  # fmt: skip
+            except CalibrationTooSmall:
+                continue
+            assert stop.draws == texts * (1 if grouped else languages)
+            assert stop.documents == texts * languages
+            wrong += 1
+        return wrong / calibrations
+
+    assert certified(30, 20, grouped=False) > 0.3  # the overstated evidence
+    assert certified(30, 20, grouped=True) == 0
+    assert certified(100, 6, grouped=True) <= delta + 3 * np.sqrt(delta * (1 - delta) / 300)
+
+
+def test_a_group_too_small_to_certify_is_named_in_the_refusal() -> None:
+    clean = doc([settled(A)] * 4, 0)
+    docs = [dataclasses.replace(clean, group=g) for g in range(50) for _ in range(10)]
+    assert certify_stop([clean] * 500, aggregation=TM, epsilon=0.05, delta=0.05).draws == 500
+    with pytest.raises(
+        CalibrationTooSmall, match=r"on 50 independent documents \(500 documents in 50 groups"
+    ):
+        certify_stop(docs, aggregation=TM, epsilon=0.05, delta=0.05)
+    more = docs + [dataclasses.replace(clean, group=g) for g in range(50, 70) for _ in range(10)]
+    stop = certify_stop(more, aggregation=TM, epsilon=0.05, delta=0.05)
+    assert (stop.documents, stop.draws, stop.stopped, stop.disagreements) == (700, 70, 70, 0)

@@ -82,6 +82,17 @@ CASES: list[tuple[str, int, str]] = [
         "epsilon: Input should be less than 1",
     ),
     ("calibrate --model {tmp}/empty --texts {tmp}/labeled.jsonl", 2, "not a kascade model"),
+    (
+        "calibrate --model {model} --texts {tmp}/labeled.jsonl --group-column source",
+        2,
+        "labeled.jsonl has no column 'source'",
+    ),
+    (
+        "calibrate --model {model} --texts {tmp}/translated.jsonl --documents"
+        " {tmp}/translated.jsonl --group-column source --epsilon-doc 0.05",
+        2,
+        "15 independent documents (60 documents in 15 groups of related documents",
+    ),
     ("evaluate {model} --data {tmp}/missing.jsonl", 2, "missing.jsonl"),
     ("evaluate --data {tmp}/labeled.jsonl", 2, "required: models"),
     ("evaluate {model} --data {tmp}/labeled.jsonl --label-column topic", 2, "topic"),
@@ -97,6 +108,11 @@ def places(tmp_path_factory: pytest.TempPathFactory, exported, calibrated) -> di
     (tmp / "garbage.jsonl").write_text("this is not json\n")
     rows = [{"text": "a short text about football", "label": "sport"}] * 4
     (tmp / "labeled.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # 30 texts, each in 4 languages: half of them, 15 draws, for the document stop (not 60)
+    # (no digits: texts that differ only in their digits count as one, like templates)
+    words = ["".join(chr(97 + int(d)) for d in str(i)) for i in range(30)]
+    rows = [{"text": f"text {w} in {lang}", "source": w} for w in words for lang in "ABCD"]
+    (tmp / "translated.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return {
         "tmp": str(tmp),
         "model": str(exported["bert"]),

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NoReturn
@@ -51,7 +52,12 @@ from kascade.toolchain.certify import (
     min_accepted,
     upper_bound,
 )
-from kascade.toolchain.document_stop import certify_stop, on_topic_targets, read_documents
+from kascade.toolchain.document_stop import (
+    CalibrationText,
+    certify_stop,
+    on_topic_targets,
+    read_documents,
+)
 from kascade.toolchain.features import Features, extract
 from kascade.toolchain.overlap import groups, shared, split_by_group
 from kascade.toolchain.strata import certify_strata, chunk_kinds, plan, thresholds_of
@@ -302,8 +308,10 @@ def calibrate(
     *,
     head_texts: list[str] | None = None,
     languages: list[str] | None = None,
+    related: Sequence[str | None] | None = None,
     documents: list[str] | None = None,
     document_languages: list[str] | None = None,
+    related_documents: Sequence[str | None] | None = None,
     fit_fraction: float | None = None,
     name: str = "default",
     path: tuple[float, ...] = PATH,
@@ -317,15 +325,23 @@ def calibrate(
     that engine (``auto`` resolved as ``kascade run`` resolves it), so a run with other
     chunking or another engine refuses the cascade. ``languages`` (one per text) splits
     the report and the strata (:mod:`~kascade.toolchain.strata`) by language.
+    ``related`` (one value or ``None`` per text) relates texts such as translations of
+    one text: like texts sharing a sentence, they go wholly to fitting or to certifying.
     ``documents`` (long texts like the stream's, none of them among ``texts``; their
     ``document_languages`` pick their strata) certify a document stop at ``epsilon_doc``
-    for ``aggregation``; when none certifies, ``cascade.json`` is written without one and
+    for ``aggregation``, counting each group of ``related_documents`` (and of identical
+    texts) as one draw; when none certifies, ``cascade.json`` is written without one and
     :class:`CalibrationTooSmall` says why. The full model runs on up to ``processes``
     worker processes (default: every core), with the same result.
     """
     c = config or CalibrateConfig()
     epsilon, delta, seed, chunking = c.epsilon, c.delta, c.seed, c.chunking
-    _check_sizes(texts, languages, documents, document_languages, c.epsilon_doc, delta)
+    _check_sizes(texts, languages, related, "texts")
+    doc_groups = None
+    if documents is not None:
+        _check_sizes(documents, document_languages, related_documents, "documents")
+        doc_groups = groups(documents, related_documents, by_sentence=False)
+        _check_draws(len(documents), len(set(doc_groups)), c.epsilon_doc, delta)
     loaded = load_model_dir(model_dir)
     engine = backends.resolve(c.encoder, loaded.manifest)
     chunks_of = functools.partial(
@@ -335,7 +351,7 @@ def calibrate(
     feats = chunks_of(texts)
     if fit_fraction is None:  # separate head text frees the calibration set for testing
         fit_fraction = 0.0 if head_texts else 0.4
-    fit, cert = _split(feats, texts, fit_fraction, seed, epsilon, delta)
+    fit, cert = _split(feats, groups(texts, related), fit_fraction, seed, epsilon, delta)
     _warn_overlap("--head-texts", head_texts, "the certification texts", texts)
     _warn_overlap("--documents", documents, "--texts", texts)
     if fit_fraction == 0.0 and not head_texts:
@@ -348,45 +364,52 @@ def calibrate(
     spec = _spec(
         loaded, got, (epsilon, delta), feats, fit, cert, extra, languages, chunking, engine, name
     )
-    if documents is None:
+    if documents is None or doc_groups is None:
         return _written(model_dir, spec)
-    langs: list[str | None] = [None] * len(documents)
-    if document_languages is not None:
-        langs = [*document_languages]
-    named = list(zip(documents, langs, strict=True))
+    langs = [None] * len(documents) if document_languages is None else document_languages
+    named = [CalibrationText(*each) for each in zip(documents, langs, doc_groups, strict=True)]
     return _with_document_stop(model_dir, spec, feats, len(texts), named, c, engine, stop_path)
 
 
 def _check_sizes(
     texts: list[str],
-    languages: list[str] | None,
-    documents: list[str] | None,
-    document_languages: list[str] | None,
-    epsilon_doc: float,
-    delta: float,
+    languages: Sequence[str] | None,
+    related: Sequence[str | None] | None,
+    what: str,
 ) -> None:
-    """Refuse, before any model runs, inputs that cannot make a certificate."""
-    if languages is not None and len(languages) != len(texts):
-        raise UsageError(f"{len(languages)} languages for {len(texts)} calibration texts")
-    if document_languages is not None and len(document_languages) != len(documents or []):
-        raise UsageError(
-            f"{len(document_languages)} languages for {len(documents or [])} documents"
+    """Refuse, before any model runs, a language or group for other texts than given."""
+    for name, given in (("languages", languages), ("groups", related)):
+        if given is not None and len(given) != len(texts):
+            raise UsageError(f"{len(given)} {name} for {len(texts)} calibration {what}")
+
+
+def _check_draws(documents: int, draws: int, epsilon_doc: float, delta: float) -> None:
+    """Refuse, before any model runs, documents too few to certify a stop with."""
+    need = min_accepted(epsilon_doc, delta)
+    if draws < need:
+        related = (
+            f" ({documents} documents in {draws} groups of related documents, each group one draw)"
+            if draws < documents
+            else ""
         )
-    if documents is not None and len(documents) < min_accepted(epsilon_doc, delta):
         raise CalibrationTooSmall(
-            f"{len(documents)} documents cannot certify a document stop at"
-            f" epsilon={epsilon_doc:g}, delta={delta:g}: it needs at least"
-            f" {min_accepted(epsilon_doc, delta)} documents stopped early with no"
-            " disagreement with the full read"
+            f"{draws} independent documents{related} cannot certify a document stop at"
+            f" epsilon={epsilon_doc:g}, delta={delta:g}: it needs at least {need} documents"
+            " stopped early with no disagreement with the full read"
         )
 
 
 def _split(
-    feats: Features, texts: list[str], fit_fraction: float, seed: int, epsilon: float, delta: float
+    feats: Features,
+    text_groups: list[int],
+    fit_fraction: float,
+    seed: int,
+    epsilon: float,
+    delta: float,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The chunks the heads are fitted on and those the thresholds are certified on,
-    split by group of related texts; refused when too few are left to certify with."""
-    text_groups = groups(texts)
+    split by group of related texts (:func:`groups`); refused when too few are left to
+    certify with."""
     fit, cert = split_by_group(feats.source, text_groups, fit_fraction, seed)
     need = min_accepted(epsilon, delta)
     if len(cert) < need:
@@ -396,9 +419,9 @@ def _split(
             f" epsilon={epsilon:g} at delta={delta:g} needs at least {need} accepted chunks"
             f" with no disagreement (about {math.ceil(need / (1 - fit_fraction))} chunks in all"
             + (
-                f"; the {len(texts)} texts share sentences so much that they make only"
-                f" {kinds} groups that can go to one side or the other"
-                if kinds < len(texts) / 2
+                f"; the {len(text_groups)} texts are related (a shared sentence or group) so"
+                f" much that they make only {kinds} groups that can go to one side or the other"
+                if kinds < len(text_groups) / 2
                 else ""
             )
             + ")"
@@ -477,7 +500,7 @@ def _with_document_stop(
     spec: CascadeSpec,
     feats: Features,
     n_texts: int,
-    documents: list[tuple[str, str | None]],
+    documents: list[CalibrationText],
     config: CalibrateConfig,
     engine: Engine,
     stop_path: tuple[StopRule, ...],
@@ -502,7 +525,7 @@ def _with_document_stop(
     blocks = passes.over_texts(
         model_dir,
         read,
-        [(t, lang) for t, lang in documents if t.strip()],
+        [d for d in documents if d.text.strip()],
         processes=config.processes,
         what="documents",
         engine=engine,
@@ -515,6 +538,7 @@ def _with_document_stop(
             epsilon=config.epsilon_doc,
             delta=config.delta,
             path=stop_path,
+            seed=seed,
         )
     except CalibrationTooSmall as e:
         _written(model_dir, spec)

@@ -223,6 +223,7 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         text_column=args.text_column,
         label_column=args.lang_column,
         missing_label=UNDETERMINED,
+        group_column=args.group_column,
     )
     head_texts = (
         read_examples(args.head_texts, text_column=args.text_column, label_column=None).texts
@@ -241,7 +242,8 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
             text_column=args.text_column,
             label_column=args.lang_column,
             missing_label=UNDETERMINED,
-            label_optional=True,
+            group_column=args.group_column,
+            optional=True,
         )
     spec = calibrate(
         args.model,
@@ -249,8 +251,10 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
         config,
         head_texts=head_texts,
         languages=calibration.labels,
+        related=calibration.groups,
         documents=None if documents is None else documents.texts,
         document_languages=None if documents is None else documents.labels,
+        related_documents=None if documents is None else documents.groups,
     )
     point = spec.operating_points[spec.default_operating_point]
     r = spec.report
@@ -278,12 +282,18 @@ def _cmd_calibrate(args: argparse.Namespace) -> int:
     _print_strata(point, r.certify)
     stop = spec.document_stop
     if stop is not None:
+        draws = stop.documents if stop.draws is None else stop.draws
+        related = (
+            f" (one of each of {draws} groups of related documents)"
+            if draws < stop.documents
+            else ""
+        )
         print(
-            f"document stop: {stop.rule.describe()}; of {stop.documents} documents it stopped"
-            f" {stop.stopped} early, reading {stop.tokens_read_share:.1%} of their tokens;"
-            f" certified: stopped documents disagree with the full read on <= {stop.epsilon:g}"
-            f" with probability >= {1 - stop.delta:g} ({stop.disagreements} of {stop.stopped}"
-            f" disagreed; upper bound {stop.upper_bound_at_delta:.4f})"
+            f"document stop: {stop.rule.describe()}; on {stop.documents} documents it read"
+            f" {stop.tokens_read_share:.1%} of the tokens; certified: stopped documents"
+            f" disagree with the full read on <= {stop.epsilon:g} with probability >="
+            f" {1 - stop.delta:g} ({stop.disagreements} of {stop.stopped} stopped"
+            f" documents{related} disagreed; upper bound {stop.upper_bound_at_delta:.4f})"
         )
     for lang, c in sorted(r.by_language.items(), key=lambda kv: kv[1].settled_share):
         above = " (above epsilon)" if c.disagreements > point.epsilon * c.accepted else ""
@@ -412,6 +422,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--text-column", default="text", help="column with the text (default: text)")
     p.add_argument(
         "--lang-column", help="column naming each text's language: the report splits by it"
+    )
+    p.add_argument(
+        "--group-column",
+        help="column relating texts (the same value: translations of one text, copies of one"
+        " template or source): related texts are never split between fitting and"
+        " certifying, and the document stop's test counts each group of --documents once",
     )
     p.set_defaults(func=_cmd_calibrate, calibrate_flags=add_calibrate_flags(p))
 

@@ -17,13 +17,16 @@ from kascade.toolchain.overlap import groups, split_by_group
 class Examples:
     texts: list[str]
     labels: list[str] | None
+    # Each text's group of related texts (None: related to no other), where given.
+    groups: list[str | None] | None = None
 
     def __len__(self) -> int:
         return len(self.texts)
 
     def subset(self, rows: np.ndarray) -> Examples:
         labels = None if self.labels is None else [self.labels[i] for i in rows]
-        return Examples([self.texts[i] for i in rows], labels)
+        related = None if self.groups is None else [self.groups[i] for i in rows]
+        return Examples([self.texts[i] for i in rows], labels, related)
 
 
 # A long document is one field: csv's default limit (131,072 characters) would refuse
@@ -70,21 +73,24 @@ def read_examples(
     text_column: str = "text",
     label_column: str | None = "label",
     missing_label: str | None = None,
-    label_optional: bool = False,
+    group_column: str | None = None,
+    optional: bool = False,
 ) -> Examples:
     """Texts (and labels, if ``label_column`` is given) from ``path``; every row must have
     them, as text or a number (UsageError naming the line otherwise), except that with
     ``missing_label`` a row without a label (no key, null, an empty cell) gets that one:
-    ``kascade sample`` writes no ``lang`` for a record that named none. With
-    ``label_optional``, a file without the label column has no labels (``None``)."""
+    ``kascade sample`` writes no ``lang`` for a record that named none. ``group_column``
+    relates texts with one value in it (a row without one is related to none). With
+    ``optional``, a file without the label or the group column has none (``None``)."""
     path = Path(path)
     rows = _rows(path)
     if not rows:
         raise UsageError(f"{path} has no rows")
     columns = list(dict.fromkeys(col for _, row in rows for col in row))
-    if label_optional and label_column not in columns:
-        label_column = None
-    for col in (text_column, label_column):
+    if optional:
+        label_column = label_column if label_column in columns else None
+        group_column = group_column if group_column in columns else None
+    for col in (text_column, label_column, group_column):
         if col is not None and col not in columns:
             raise UsageError(f"{path} has no column {col!r}; its columns are {', '.join(columns)}")
 
@@ -100,16 +106,21 @@ def read_examples(
     labels = (
         None if label_column is None else [cell(n, r, label_column, missing_label) for n, r in rows]
     )
-    return Examples(texts, labels)
+    related = (
+        None if group_column is None else [cell(n, r, group_column, "") or None for n, r in rows]
+    )
+    return Examples(texts, labels, related)
 
 
 def split_documents(examples: Examples, *, seed: int) -> tuple[Examples, Examples]:
-    """A seeded half of the texts (with their labels) and the other half, sharing no
-    text and no sentence (whole groups of texts to either side, :mod:`overlap`).
+    """A seeded half of the texts (with their labels and groups) and the other half,
+    sharing no text, no sentence and no group (whole groups to either side,
+    :mod:`overlap`).
 
     >>> one, rest = split_documents(Examples(list("abcd"), list("ABCD")), seed=0)
     >>> sorted(one.texts + rest.texts), [t.upper() for t in rest.texts] == rest.labels
     (['a', 'b', 'c', 'd'], True)
     """
-    first, second = split_by_group(np.arange(len(examples)), groups(examples.texts), 0.5, seed)
+    related = groups(examples.texts, examples.groups)
+    first, second = split_by_group(np.arange(len(examples)), related, 0.5, seed)
     return examples.subset(first), examples.subset(second)

@@ -30,7 +30,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 from datasketch import MinHash, MinHashLSH
@@ -48,14 +48,14 @@ NEAR = 0.7
 PERMUTATIONS = 64
 
 
+def _words(text: str) -> str:
+    """``text`` with case, digits, punctuation and spacing normalized away."""
+    return _NOT_WORD.sub(" ", unicodedata.normalize("NFKC", text).casefold()).strip()
+
+
 def sentences(text: str) -> list[str]:
     """The normalized sentences of ``text`` long enough to mean copying."""
-    out = []
-    for sentence in _SENTENCE_END.split(text):
-        norm = _NOT_WORD.sub(" ", unicodedata.normalize("NFKC", sentence).casefold()).strip()
-        if len(norm) >= MIN_CHARS:
-            out.append(norm)
-    return out
+    return [norm for norm in map(_words, _SENTENCE_END.split(text)) if len(norm) >= MIN_CHARS]
 
 
 def _exact(sentence: str) -> bytes:
@@ -119,10 +119,21 @@ class SentenceIndex:
         return list(zip(found, sketches, strict=True))
 
 
-def groups(texts: list[str], related: list[Hashable] | None = None) -> list[int]:
+def groups(
+    texts: list[str], related: Sequence[Hashable | None] | None = None, *, by_sentence: bool = True
+) -> list[int]:
     """For each text, its group: the smallest index of a text it is connected to through
-    shared sentences, or through an equal ``related`` value (e.g. the id a parallel
-    corpus gives a sentence and its translations), by union-find."""
+    shared sentences (with ``by_sentence``; else only the same text, case, digits,
+    punctuation and spacing aside, as a template's copies are), or through an
+    equal ``related`` value (e.g. the id a parallel corpus gives a sentence and its
+    translations; ``None`` relates to nothing), by union-find.
+
+    >>> groups(["A long first sentence here. Same tail.", "a long first sentence here"],
+    ...        by_sentence=False)
+    [0, 1]
+    >>> groups(["Same text, twice.", "same  TEXT twice", "x"], [None, None, "s"], by_sentence=False)
+    [0, 0, 2]
+    """
     parent = list(range(len(texts)))
 
     def root(i: int) -> int:
@@ -139,10 +150,13 @@ def groups(texts: list[str], related: list[Hashable] | None = None) -> list[int]
     index = SentenceIndex(near=False)
     first: dict[Hashable, int] = {}
     for i, text in enumerate(texts):
-        for j in index.add(i, text):
-            join(i, j)
-        if related is not None:
-            join(i, first.setdefault(related[i], i))
+        if by_sentence:
+            for j in index.add(i, text):
+                join(i, j)
+        else:
+            join(i, first.setdefault(("text", _exact(_words(text))), i))
+        if related is not None and related[i] is not None:
+            join(i, first.setdefault(("related", related[i]), i))
     return [root(i) for i in range(len(texts))]
 
 
