@@ -222,6 +222,23 @@ def test_a_language_suspension_spreads_as_that_language_only(tmp_path) -> None:
     assert restarted.suspends("sw") and not restarted.suspends("de")
 
 
+def test_a_suspension_of_one_length_in_one_language_outlives_a_restart_as_that_scope_only(
+    tmp_path,
+) -> None:
+    # Scopes as Cascade.scope_of names them where a stratum was certified per length
+    from kascade.operators.guarantee import Shared
+
+    shared = Shared(tmp_path, "ab" * 32)
+    one = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, shared=shared)
+    for i in range(3000):  # short German documents 7% disagreeing (1.4% of all), the rest agree
+        scope = ("de/short", "de/long", "fr/short", "fr/long", "short")[i % 5]
+        one.audit(agree=not (scope == "de/short" and i % 70 < 5), lang=scope)
+    assert one.scopes == {"de/short"}
+    restarted = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, shared=shared)
+    assert restarted.suspends("de/short")
+    assert not any(restarted.suspends(s) for s in ("de/long", "de", "fr/short", "short", None))
+
+
 def test_another_calibration_in_force_ends_the_suspension(tmp_path) -> None:
     from kascade.operators.guarantee import Shared
 
