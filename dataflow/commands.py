@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import functools
 import tomllib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,6 +105,7 @@ def settings_of(args: argparse.Namespace, **overrides: Any) -> Settings:
 
 def _cmd_run(args: argparse.Namespace) -> int:
     from kascade.dataflow.flow import build_flow, prepare
+    from kascade.dataflow.plans import NewPlan
     from kascade.dataflow.recalibration import Recalibration
     from kascade.dataflow.runner import run
 
@@ -116,11 +116,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     build = functools.partial(build_flow, prepared=prepared)
     recalibration = Recalibration(settings, prepared)
 
-    def replan() -> Callable[[Settings], Any] | None:
+    def replan() -> NewPlan | None:
         new = recalibration.new()
-        return None if new is None else functools.partial(build_flow, prepared=new)
+        if new is None or new.in_force is None or new.in_force.sha256 is None:
+            return None
+        return NewPlan(functools.partial(build_flow, prepared=new), new.in_force.sha256)
 
-    return run(settings, build, describe=prepared.describe(settings), replan=replan)
+    return run(
+        settings,
+        build,
+        describe=prepared.describe(settings),
+        replan=replan,
+        calibration=recalibration.in_force,
+    )
 
 
 def _cmd_topics(args: argparse.Namespace) -> int:

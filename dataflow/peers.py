@@ -7,6 +7,8 @@ its peers over HTTP on its address's port plus ``cluster.control_port_offset``:
 - ``GET /state``: ``waiting`` (its dataflow is not connected yet), ``running``,
   ``restarting`` or ``draining``; a peer that does not answer is down or unreachable.
 - ``GET /ready``: the same, status 200 only while ``running`` (a readiness probe).
+- ``GET /calibration``: the calibration its workers run, the newest it could run, and
+  the one it drains to take up (:mod:`~kascade.dataflow.plans`).
 - ``POST /drain``: drain this process too (a peer was sent SIGTERM), so the whole
   cluster finishes what it holds and exits 0 instead of panicking at the loss.
 - ``POST /suspend?cascade=SHA256&scope=LANG``: a peer's live test of the bound fired for
@@ -68,9 +70,10 @@ class State(StrEnum):
 READ_TIMEOUT_S = 2.0
 # Refused drains are logged with their source, at most one line this often.
 REFUSALS_SAID_EVERY_S = 10.0
-# The longest request head read, and the longest reply a peer's state can be.
+# The longest request head read, and the longest reply read from a peer (a state; three
+# sha256 digests on GET /calibration).
 MAX_REQUEST_BYTES = 8192
-MAX_REPLY_BYTES = 64
+MAX_REPLY_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -93,15 +96,20 @@ def peers_of(hosts: list[str], own: int, offset: int) -> list[Peer]:
     return [Peer(i, a, control_address(a, offset)) for i, a in enumerate(hosts) if i != own]
 
 
-def probe(peer: Peer, timeout_s: float = 1.0) -> str:
-    """The peer's state, or :data:`NOT_ANSWERING`."""
+def fetch(peer: Peer, path: str, timeout_s: float = 1.0) -> str | None:
+    """The peer's answer to ``GET path``, or None when it does not answer."""
     host, port = peer.control
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/state", timeout=timeout_s) as r:
-            text = r.read(MAX_REPLY_BYTES).decode("ascii", "replace").strip()
+        with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=timeout_s) as r:
+            return r.read(MAX_REPLY_BYTES).decode("ascii", "replace").strip()
     except (OSError, urllib.error.URLError, ValueError):
-        return NOT_ANSWERING
-    return text if text.isalpha() else NOT_ANSWERING  # a state is one word
+        return None
+
+
+def probe(peer: Peer, timeout_s: float = 1.0) -> str:
+    """The peer's state, or :data:`NOT_ANSWERING`."""
+    text = fetch(peer, "/state", timeout_s)
+    return text if text is not None and text.isalpha() else NOT_ANSWERING  # one word
 
 
 def ask_to_drain(peer: Peer, token: str, timeout_s: float = 2.0) -> bool:
@@ -172,11 +180,13 @@ class ControlServer:
         token: str,
         bind: str | None = None,
         on_suspend: Callable[[str, str], None] | None = None,
+        plan: Callable[[], str] | None = None,
     ) -> None:
         host, port = control_address(address, offset)
         self.state = State.WAITING
         self._on_drain = on_drain
         self._on_suspend = on_suspend
+        self._plan = plan
         self._expected = f"Bearer {token}".encode()
         self._open = 0
         self._cap = max_connections()
@@ -225,6 +235,8 @@ class ControlServer:
             return 200, self.state
         if method == "GET" and path == "/ready":
             return (200 if self.state == State.RUNNING else 503), self.state
+        if method == "GET" and path == "/calibration" and self._plan is not None:
+            return 200, self._plan()
         route, _, query = path.partition("?")
         if route not in ("/drain", "/suspend"):
             return 404, "not found"

@@ -30,6 +30,7 @@ from kascade.dataflow import channel
 from kascade.dataflow.broker import accepted_record_bytes, check_cluster
 from kascade.dataflow.exactly_once import record_start
 from kascade.dataflow.kafka_io import DRAIN
+from kascade.dataflow.plans import NewPlan
 from kascade.dataflow.supervisor import supervise
 from kascade.logs import LIFECYCLE_LOGGER
 from kascade.operators import metrics
@@ -134,7 +135,8 @@ def run(
     build: FlowBuilder,
     *,
     describe: str | None = None,
-    replan: Callable[[], FlowBuilder | None] | None = None,
+    replan: Callable[[], NewPlan | None] | None = None,
+    calibration: str | None = None,
 ) -> int:
     """Check the cluster and the Schema Registry (raises
     :class:`~kascade.dataflow.broker.KafkaUnavailable`,
@@ -146,8 +148,9 @@ def run(
     unless a single process without recovery runs here. Blocks until the flow ends:
     at the end of the input when ``kafka.tail`` is false, otherwise until interrupted.
     Says what it runs (``describe``) once the checks passed, and what it did when it stops.
-    ``replan`` gives a supervised run a new builder when its plan changes (a new
-    calibration). Returns a process exit status.
+    ``replan`` gives a supervised run a new plan when its model directory holds a new
+    calibration (``calibration``: the sha256 of the one in force). Returns a process
+    exit status.
     """
     check_cluster(settings.kafka, required_topics(settings))
     check_registry(settings.registry)
@@ -162,7 +165,7 @@ def run(
         totals = Counter(metrics.totals())
     else:
         recovery_config(settings)  # create the store once, before the workers race for it
-        totals = supervise(settings, build, replan)
+        totals = supervise(settings, build, replan, calibration)
     labeled, dead = totals["labeled"], totals["dead_letters"]
     lifecycle.info(
         "stopped after %.1f s: %d document%s labeled (%d degraded), %d dead letter%s",

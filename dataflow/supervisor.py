@@ -32,6 +32,7 @@ from bytewax.dataflow import Dataflow
 from kascade import logs
 from kascade.dataflow.lifecycle import OneStart, Order, Phase
 from kascade.dataflow.peers import ControlServer, Peer, State, ask_to_drain, tell_suspended
+from kascade.dataflow.plans import NewPlan, PlanView, agreed, view_of, waiting_for
 from kascade.dataflow.processes import Ending, Layout, Orders, Started, notes_dir
 from kascade.dataflow.restarts import RestartPolicy
 from kascade.schemas import suspensions
@@ -51,7 +52,10 @@ Builder = Callable[[Settings], Dataflow]
 
 
 def supervise(
-    settings: Settings, build: Builder, replan: Callable[[], Builder | None] | None = None
+    settings: Settings,
+    build: Builder,
+    replan: Callable[[], NewPlan | None] | None = None,
+    calibration: str | None = None,
 ) -> Counter[str]:
     """Run this host's worker processes until the flow ends, or raise
     :class:`~kascade.dataflow.restarts.WorkerFailed` with the first failure's cause.
@@ -59,11 +63,12 @@ def supervise(
     :func:`kascade.operators.metrics.totals` counts), over every start, less what
     workers that were killed had done.
 
-    ``replan`` (asked every few seconds where a recovery directory and a single host
-    allow it) returns a new flow builder when the run's plan changed (a new calibration,
-    :mod:`kascade.dataflow.recalibration`): every worker drains, and all resume from the
-    snapshot with it."""
-    return Supervisor(settings, build, replan).run()
+    ``replan`` (asked every few seconds where a recovery directory allows it) returns a
+    new plan when the model directory holds a new calibration
+    (:mod:`kascade.dataflow.recalibration`; ``calibration`` is the one in force): every
+    worker drains, and all resume from the snapshot with it; over several hosts, once
+    every process holds it (:mod:`kascade.dataflow.plans`)."""
+    return Supervisor(settings, build, replan, calibration).run()
 
 
 class Supervisor:
@@ -72,7 +77,11 @@ class Supervisor:
     plan watcher) only set ``stopping`` or ``new_plan``; the loop in :meth:`run` acts."""
 
     def __init__(
-        self, settings: Settings, build: Builder, replan: Callable[[], Builder | None] | None
+        self,
+        settings: Settings,
+        build: Builder,
+        replan: Callable[[], NewPlan | None] | None,
+        calibration: str | None = None,
     ) -> None:
         self.settings = settings
         self.build = build
@@ -80,7 +89,11 @@ class Supervisor:
         self.layout = Layout.of(settings)
         self.token = settings.cluster.token() if self.layout.hosts is not None else None
         self.stopping = threading.Event()
-        self.new_plan: Builder | None = None  # the next start's builder, once seen
+        self.in_force = calibration  # sha256 of the cascade.json the workers run
+        self.ready: NewPlan | None = None  # a new calibration checked, not yet agreed on
+        self.taking: str | None = None  # the calibration of new_plan
+        self.new_plan: Builder | None = None  # the next start's builder, once decided
+        self._said_waiting: set[str] = set()
         self.started: Started | None = None
         # What the processes share (suspensions): the recovery directory, or the run's own.
         self.shared = settings.recovery_dir or Path(tempfile.mkdtemp(prefix="kascade-run-"))
@@ -93,12 +106,12 @@ class Supervisor:
     def run(self) -> Counter[str]:
         policy = RestartPolicy(self.settings.restarts, self.settings.recovery_dir is not None)
         previous = {s: signal.signal(s, self._signalled) for s in (signal.SIGINT, signal.SIGTERM)}
-        single_host = self.layout.hosts is None
-        if self.replan is not None and self.settings.recovery_dir is not None and single_host:
+        if self.replan is not None and self.settings.recovery_dir is not None:
             threading.Thread(target=self._watch_the_plan, name="replan", daemon=True).start()
         try:
             totals: Counter[str] = Counter()
             while True:
+                self._take_up()
                 began = time.monotonic()
                 ending = self._start_once(policy.restarts)
                 totals += ending.totals
@@ -107,8 +120,6 @@ class Supervisor:
                     and self.new_plan is not None
                     and not self.stopping.is_set()
                 ):
-                    self.build, self.new_plan = self.new_plan, None
-                    log.warning("the workers resume from the snapshot with the new calibration")
                     continue
                 if ending.cause is None:
                     return totals
@@ -237,15 +248,64 @@ class Supervisor:
             log.warning("a peer is stopping: draining this process too")
             self.stop()
 
+    def _take_up(self) -> None:
+        """Before a start (the first, after a drain, after a failure: each resumes from
+        the snapshot, a consistent point): the plan decided on, if any."""
+        if self.new_plan is None and self.ready is not None and self.layout.peers:
+            self._agree(self.ready)  # one that was away starts with the cluster's plan
+        if self.new_plan is None:
+            return
+        self.build, self.new_plan = self.new_plan, None
+        self.in_force, self.taking = self.taking, None
+        if self.ready is not None and self.ready.cascade_sha256 == self.in_force:
+            self.ready = None
+        log.warning("the workers resume from the snapshot with the new calibration")
+
     def _watch_the_plan(self) -> None:
         assert self.replan is not None
         while not self.stopping.wait(REPLAN_POLL_S):
             if self.new_plan is not None:
                 continue  # the last one is being taken up
             try:
-                self.new_plan = self.replan()
+                found = self.replan()
             except Exception:  # a failed look costs nothing: the plan in force stays
                 log.exception("could not check the model directory for a new calibration")
+                continue
+            self.ready = found or self.ready
+            if self.ready is None:
+                continue
+            if self.layout.peers:
+                self._agree(self.ready)
+            else:
+                self._decide(self.ready)
+
+    def _agree(self, plan: NewPlan) -> None:
+        """Take ``plan`` up where the cluster agrees (:func:`~kascade.dataflow.plans.agreed`);
+        else say once whom it waits for."""
+        sha, own = plan.cascade_sha256, self.layout.ids[0]
+        views = {p: view_of(p) for p in self.layout.peers}
+        if agreed(sha, own, views):
+            log.warning(
+                "the cluster takes up the new calibration (sha256 %s), this process with it",
+                sha[:12],
+            )
+            self._decide(plan)
+        elif sha not in self._said_waiting:
+            self._said_waiting.add(sha)
+            log.warning(
+                "a new calibration (sha256 %s) is ready here; the cluster takes it up all at"
+                " once, so this process waits for %s",
+                sha[:12],
+                waiting_for(sha, own, views),
+            )
+
+    def _decide(self, plan: NewPlan) -> None:
+        self.taking = plan.cascade_sha256
+        self.new_plan = plan.build  # last: the loop reads it first
+
+    def _plan_view(self) -> str:
+        ready = self.in_force if self.ready is None else self.ready.cascade_sha256
+        return PlanView(self.in_force, ready, self.taking).text()
 
     def _control_port(self) -> ControlServer | None:
         """A job over several hosts answers its peers: states, drains, suspensions."""
@@ -260,6 +320,7 @@ class Supervisor:
             token=token,
             bind=self.settings.cluster.control_host,
             on_suspend=_suspended_by_peer(shared),
+            plan=self._plan_view,
         )
         if self.layout.peers:
             threading.Thread(

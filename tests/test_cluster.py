@@ -32,14 +32,15 @@ class Cluster:
     """Two ``kascade run`` processes of one cluster on this host, as two hosts would be."""
 
     def __init__(self, settings: KafkaSettings, model: Path, tmp_path: Path, *extra: str):
-        self.settings, self.model, self.tmp, self.extra = settings, model, tmp_path, extra
+        self.settings, self.tmp, self.extra = settings, tmp_path, extra
+        self.models = [model, model]  # each process's model directory
         self.addresses = cluster_addresses(2).split(";")
         self.procs: dict[int, subprocess.Popen] = {}
 
     def start(self, index: int, *more: str) -> subprocess.Popen:
         self.procs[index] = kascade_run(
             self.settings,
-            self.model,
+            self.models[index],
             "--addresses",
             ";".join(self.addresses),
             "--process-id",
@@ -282,3 +283,81 @@ def test_a_suspension_in_one_process_reaches_its_peer_through_the_control_channe
     assert all(r.cascade is CascadeUse.SUSPENDED for r in sw)
     assert all(r.cascade is CascadeUse.ON for r in later if r.lang == "de")
     assert "reports the live test fired for sw" in ended[1][1]
+
+
+def test_a_new_calibration_is_taken_up_by_the_whole_cluster_once_every_host_holds_it(
+    kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
+) -> None:
+    """Each process has a model directory of its own, as on two hosts, and the new
+    cascade.json reaches them one at a time: while only one holds it, both keep the
+    calibration in force (no record is settled under the new one); once both hold it,
+    both drain and resume from the snapshot with it, every record after that names it,
+    and every id is labeled once."""
+    import hashlib
+    import shutil
+
+    from helpers import SMALL_CHUNKS, TINY_PATH, calibration, labeled
+
+    from kascade.schemas import InputDocument
+    from kascade.schemas.cascade import CASCADE_FILE
+    from kascade.toolchain.calibrate import calibrate
+
+    def batch(prefix: str, n: int) -> list[InputDocument]:
+        return [InputDocument(id=f"{prefix}-{i}", text=t) for i, t in enumerate(texts(n))]
+
+    def sha(path: Path) -> str:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+
+    models = [tmp_path / f"model-{i}" for i in (0, 1)]
+    for m in [*models, tmp_path / "new"]:
+        shutil.copytree(calibrated, m)
+    calibrate(
+        tmp_path / "new",
+        texts(400),
+        calibration(epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS),
+        path=TINY_PATH,
+    )
+    fresh = tmp_path / "new" / CASCADE_FILE
+    old, new = sha(calibrated / CASCADE_FILE), sha(fresh)
+    assert old != new
+
+    def place(model: Path) -> None:  # atomically, as kascade calibrate writes it
+        shutil.copy(fresh, model / "cascade.json.tmp")
+        (model / "cascade.json.tmp").replace(model / CASCADE_FILE)
+
+    cluster = Cluster(kafka_settings, calibrated, tmp_path, "--cascade", "on")
+    cluster.models = models
+    procs = [cluster.start(0), cluster.start(1)]
+    sent: list[InputDocument] = []
+
+    def through(docs: list[InputDocument]) -> None:
+        sent.extend(docs)
+        send(kafka_settings, docs)
+        wait_for_outputs(kafka_settings, len(sent), procs[0], timeout_s=180)
+
+    try:
+        through(batch("first", 20))
+        place(models[1])  # the host that is not process 0 first
+        time.sleep(6)  # three looks at the model directory
+        through(batch("one-host", 40))
+        place(models[0])
+        deadline = time.monotonic() + 90
+        while labeled(kafka_settings)[sent[-1].id][0].model.cascade_sha256 != new:
+            assert time.monotonic() < deadline, "the cluster did not take up the calibration"
+            through(batch(f"probe{len(sent)}", 1))
+        through(batch("after", 40))
+    finally:
+        ended = cluster.stop_all()
+    assert all(status == 0 for status, _ in ended.values()), ended
+    for _, err in ended.values():
+        only_one_liners(err)
+        assert "the workers resume from the snapshot with the new calibration" in err, err
+    assert "this process waits for process 0" in ended[1][1], ended[1][1]
+    records = labeled(kafka_settings)
+    assert set(records) == {d.id for d in sent} and all(len(v) == 1 for v in records.values())
+    shas = [records[d.id][0].model.cascade_sha256 for d in sent]
+    switch = shas.index(new)
+    assert set(shas[:switch]) == {old} and set(shas[switch:]) == {new}  # one switch, at once
+    assert switch >= 60  # nothing under the new one while a host lacked it
+    after = {records[d.id][0].source.partition for d in sent[-40:]}
+    assert after == {0, 1}  # both processes labeled with it

@@ -189,3 +189,23 @@ def test_a_peers_suspension_is_obeyed_only_with_the_token_and_a_well_formed_scop
         assert got == [(sha, "sw")]
     finally:
         control.close()
+
+
+def test_a_peer_reads_what_calibration_a_process_runs_and_garbage_reads_as_none() -> None:
+    from kascade.dataflow.plans import PlanView, view_of
+
+    port = free_port()
+    said = [PlanView("a" * 64, "b" * 64, None).text()]
+    control = ControlServer(f"127.0.0.1:{port - 1}", 1, Drains(), token=TOKEN, plan=lambda: said[0])
+    try:
+        assert view_of(peer(port)) == PlanView("a" * 64, "b" * 64, None)
+        said[0] = "a" * 64 + " not-a-digest -"  # what a broken or foreign process says
+        assert view_of(peer(port)) is None
+    finally:
+        control.close()
+    assert view_of(peer(port)) is None  # not answering
+    plain = ControlServer(f"127.0.0.1:{port - 1}", 1, Drains(), token=TOKEN)  # no cascade
+    try:
+        assert b"404" in raw(port, b"GET /calibration HTTP/1.1\r\n\r\n").split(b"\r\n")[0]
+    finally:
+        plain.close()
