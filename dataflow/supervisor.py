@@ -74,7 +74,8 @@ def supervise(
 class Supervisor:
     """Starts, watches and restarts this host's processes; drains them on a signal or at
     a peer's request; takes up a new plan. Its threads (signals, the control port, the
-    plan watcher) only set ``stopping`` or ``new_plan``; the loop in :meth:`run` acts."""
+    plan watcher) only set ``stopping`` or the plan to take up (``ready``, ``taking``,
+    ``new_plan``); the loop in :meth:`run` acts."""
 
     def __init__(
         self,
@@ -272,8 +273,8 @@ class Supervisor:
                 log.exception("could not check the model directory for a new calibration")
                 continue
             self.ready = found or self.ready
-            if self.ready is None:
-                continue
+            if self.ready is None or self.ready.cascade_sha256 == self.in_force:
+                continue  # nothing new, or taken up since it was read above
             if self.layout.peers:
                 self._agree(self.ready)
             else:
@@ -300,6 +301,8 @@ class Supervisor:
             )
 
     def _decide(self, plan: NewPlan) -> None:
+        if plan.cascade_sha256 == self.in_force:
+            return  # the plan watcher and a start both agreed: taken up once
         self.taking = plan.cascade_sha256
         self.new_plan = plan.build  # last: the loop reads it first
 
