@@ -9,6 +9,8 @@ its peers over HTTP on its address's port plus ``cluster.control_port_offset``:
 - ``GET /ready``: the same, status 200 only while ``running`` (a readiness probe).
 - ``GET /calibration``: the calibration its workers run, the newest it could run, and
   the one it drains to take up (:mod:`~kascade.dataflow.plans`).
+- ``POST /calibration``: look at process 0's calibration now (process 0 took a new one
+  up); what to do is still decided from what process 0 says on ``GET``.
 - ``POST /drain``: drain this process too (a peer was sent SIGTERM), so the whole
   cluster finishes what it holds and exits 0 instead of panicking at the loss.
 - ``POST /suspend?cascade=SHA256&scope=LANG``: a peer's live test of the bound fired for
@@ -116,6 +118,11 @@ def ask_to_drain(peer: Peer, token: str, timeout_s: float = 2.0) -> bool:
     return _post(peer, "/drain", token, timeout_s)
 
 
+def nudge(peer: Peer, token: str) -> bool:
+    """Ask a peer to look at process 0's calibration now rather than at its next look."""
+    return _post(peer, "/calibration", token, timeout_s=2.0)
+
+
 def tell_suspended(peer: Peer, token: str, cascade_sha256: str, scope: str) -> bool:
     """Tell a peer that this process suspended ``scope`` for a calibration."""
     query = urllib.parse.urlencode({"cascade": cascade_sha256, "scope": scope})
@@ -181,12 +188,14 @@ class ControlServer:
         bind: str | None = None,
         on_suspend: Callable[[str, str], None] | None = None,
         plan: Callable[[], str] | None = None,
+        on_plan: Callable[[], None] | None = None,
     ) -> None:
         host, port = control_address(address, offset)
         self.state = State.WAITING
         self._on_drain = on_drain
         self._on_suspend = on_suspend
         self._plan = plan
+        self._on_plan = on_plan
         self._expected = f"Bearer {token}".encode()
         self._open = 0
         self._cap = max_connections()
@@ -235,10 +244,10 @@ class ControlServer:
             return 200, self.state
         if method == "GET" and path == "/ready":
             return (200 if self.state == State.RUNNING else 503), self.state
-        if method == "GET" and path == "/calibration" and self._plan is not None:
-            return 200, self._plan()
+        if method == "GET" and path == "/calibration":
+            return (404, "not found") if self._plan is None else (200, self._plan())
         route, _, query = path.partition("?")
-        if route not in ("/drain", "/suspend"):
+        if route not in ("/drain", "/suspend", "/calibration"):
             return 404, "not found"
         if method != "POST":
             return 405, "method not allowed"
@@ -252,6 +261,11 @@ class ControlServer:
             log.warning("drain requested by %s", client)
             self._loop.call_soon(self._on_drain)
             return 200, State.DRAINING
+        if route == "/calibration":
+            if self._on_plan is None:
+                return 404, "not found"
+            self._loop.call_soon(self._on_plan)
+            return 200, "looking"
         return self._suspend(query, client)
 
     def _suspend(self, query: str, client: str) -> tuple[int, str]:

@@ -10,8 +10,10 @@ so no two processes ever settle chunks under different calibrations at once:
 - each process says on ``GET /calibration`` (:class:`PlanView`) the calibration its
   workers run, the newest its own model directory holds that it checked (``ready``),
   and the one it is draining to take up (``taking``);
-- process 0 takes up calibration X once every peer's ``ready`` is X;
-- every other process takes X up once process 0 takes it up or runs it, and a process
+- process 0 takes up calibration X once every peer's ``ready`` is X, and asks them to
+  look at once (``POST /calibration``);
+- every other process takes X up once process 0 takes it up or runs it (one that runs X
+  already, having started with the newer file, drains with the cluster), and a process
   that starts again (a worker died, or it was away) starts with X when process 0 runs it.
 
 Until then each process says once what it waits for. A process whose model directory

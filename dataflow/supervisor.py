@@ -31,8 +31,15 @@ from bytewax.dataflow import Dataflow
 
 from kascade import logs
 from kascade.dataflow.lifecycle import OneStart, Order, Phase
-from kascade.dataflow.peers import ControlServer, Peer, State, ask_to_drain, tell_suspended
-from kascade.dataflow.plans import NewPlan, PlanView, agreed, view_of, waiting_for
+from kascade.dataflow.peers import (
+    ControlServer,
+    Peer,
+    State,
+    ask_to_drain,
+    nudge,
+    tell_suspended,
+)
+from kascade.dataflow.plans import LEADER, NewPlan, PlanView, agreed, view_of, waiting_for
 from kascade.dataflow.processes import Ending, Layout, Orders, Started, notes_dir
 from kascade.dataflow.restarts import RestartPolicy
 from kascade.schemas import suspensions
@@ -94,7 +101,10 @@ class Supervisor:
         self.ready: NewPlan | None = None  # a new calibration checked, not yet agreed on
         self.taking: str | None = None  # the calibration of new_plan
         self.new_plan: Builder | None = None  # the next start's builder, once decided
-        self._said_waiting: set[str] = set()
+        self._said: set[str] = set()  # what waiting or apart was said once
+        self._followed: set[str] = set()  # calibrations whose take-up this process joined
+        self._look = threading.Event()  # look at the plan now (stopping, or a peer asked)
+        self._interrupted = False  # this start's workers were told to drain for a plan
         self.started: Started | None = None
         # What the processes share (suspensions): the recovery directory, or the run's own.
         self.shared = settings.recovery_dir or Path(tempfile.mkdtemp(prefix="kascade-run-"))
@@ -164,6 +174,7 @@ class Supervisor:
             for old in notes.glob("*"):
                 old.unlink()
         orders = Orders(settings, self.build, restarts, os.getpid(), logs.current())
+        self._interrupted = False
         self.started = started = Started(orders, layout, layout.addresses(), self.shared)
         if self.stopping.is_set():  # a signal while the processes were being started
             started.signal_all(signal.SIGINT)
@@ -193,6 +204,7 @@ class Supervisor:
         assert started is not None
         if order == Order.INTERRUPT:
             log.warning("a new calibration: draining the workers to take it up")
+            self._interrupted = True
             started.signal_all(signal.SIGINT)
         elif order == Order.KILL_UNJOINED:
             started.kill_unjoined()
@@ -223,10 +235,12 @@ class Supervisor:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._look.set()
         if self.control is not None:
             self.control.state = State.DRAINING
-        if self.started is not None:
-            # workers drain on SIGINT (Bytewax's interrupt)
+        if self.started is not None and not self._interrupted:
+            # workers drain on SIGINT (Bytewax's interrupt); ones draining for a new plan
+            # already do, and a second SIGINT would stop them at once, mid-drain
             self.started.signal_all(signal.SIGINT)
 
     def _signalled(self, _signum: int, _frame: object) -> None:
@@ -256,15 +270,23 @@ class Supervisor:
             self._agree(self.ready)  # one that was away starts with the cluster's plan
         if self.new_plan is None:
             return
+        new = self.taking != self.in_force
         self.build, self.new_plan = self.new_plan, None
         self.in_force, self.taking = self.taking, None
         if self.ready is not None and self.ready.cascade_sha256 == self.in_force:
             self.ready = None
-        log.warning("the workers resume from the snapshot with the new calibration")
+        if new:
+            log.warning("the workers resume from the snapshot with the new calibration")
+        else:
+            log.warning("the workers resume from the snapshot with the rest of the cluster")
 
     def _watch_the_plan(self) -> None:
         assert self.replan is not None
-        while not self.stopping.wait(REPLAN_POLL_S):
+        while True:
+            self._look.wait(REPLAN_POLL_S)
+            self._look.clear()
+            if self.stopping.is_set():
+                return
             if self.new_plan is not None:
                 continue  # the last one is being taken up
             try:
@@ -273,26 +295,31 @@ class Supervisor:
                 log.exception("could not check the model directory for a new calibration")
                 continue
             self.ready = found or self.ready
-            if self.ready is None or self.ready.cascade_sha256 == self.in_force:
-                continue  # nothing new, or taken up since it was read above
-            if self.layout.peers:
-                self._agree(self.ready)
-            else:
-                self._decide(self.ready)
+            pending = self.ready is not None and self.ready.cascade_sha256 != self.in_force
+            if not self.layout.peers:
+                if pending and self.ready is not None:
+                    self._decide(self.ready)
+                continue
+            views = {p: view_of(p) for p in self.layout.peers}
+            if pending and self.ready is not None:
+                self._agree(self.ready, views)
+            self._follow(views)
+            self._say_apart(views)
 
-    def _agree(self, plan: NewPlan) -> None:
+    def _agree(self, plan: NewPlan, views: dict[Peer, PlanView | None] | None = None) -> None:
         """Take ``plan`` up where the cluster agrees (:func:`~kascade.dataflow.plans.agreed`);
         else say once whom it waits for."""
         sha, own = plan.cascade_sha256, self.layout.ids[0]
-        views = {p: view_of(p) for p in self.layout.peers}
+        if views is None:
+            views = {p: view_of(p) for p in self.layout.peers}
         if agreed(sha, own, views):
             log.warning(
                 "the cluster takes up the new calibration (sha256 %s), this process with it",
                 sha[:12],
             )
             self._decide(plan)
-        elif sha not in self._said_waiting:
-            self._said_waiting.add(sha)
+        elif sha not in self._said:
+            self._said.add(sha)
             log.warning(
                 "a new calibration (sha256 %s) is ready here; the cluster takes it up all at"
                 " once, so this process waits for %s",
@@ -300,11 +327,55 @@ class Supervisor:
                 waiting_for(sha, own, views),
             )
 
+    def _follow(self, views: dict[Peer, PlanView | None]) -> None:
+        """Drain along with process 0 when it takes up the calibration this process
+        already runs (it started with the newer file): a cluster drains and starts as
+        one, so every process restarts from the snapshot with it."""
+        lead = [v for p, v in views.items() if p.index == LEADER]
+        if not lead or lead[0] is None or self.new_plan is not None:
+            return
+        sha = lead[0].taking
+        if sha is None or sha != self.in_force or sha in self._followed:
+            return
+        self._followed.add(sha)
+        log.warning(
+            "process 0 takes up calibration %s, which this process runs: draining with it",
+            sha[:12],
+        )
+        self.taking = sha
+        self.new_plan = self.build
+
+    def _say_apart(self, views: dict[Peer, PlanView | None]) -> None:
+        """Say once for each peer that runs another calibration than this process (one
+        whose whole process started again with a newer file on its disk)."""
+        for peer, view in views.items():
+            if view is None or self.taking or view.taking or view.in_force == self.in_force:
+                continue
+            key = f"{peer.index} {view.in_force} {self.in_force}"
+            if key not in self._said:
+                self._said.add(key)
+                log.warning(
+                    "%s runs calibration %s, this process %s: records name the one that"
+                    " settled them, until every host's model directory holds the same"
+                    " cascade.json and the cluster takes it up",
+                    peer,
+                    (view.in_force or "none")[:12],
+                    (self.in_force or "none")[:12],
+                )
+
     def _decide(self, plan: NewPlan) -> None:
         if plan.cascade_sha256 == self.in_force:
             return  # the plan watcher and a start both agreed: taken up once
+        self._followed.add(plan.cascade_sha256)
         self.taking = plan.cascade_sha256
         self.new_plan = plan.build  # last: the loop reads it first
+        if self.layout.peers and self.layout.ids[0] == LEADER:
+            # the others follow at their next look; asked, they look now, so the
+            # cluster drains as one
+            assert self.token is not None
+            threading.Thread(
+                target=_nudge_peers, args=(self.layout.peers, self.token), daemon=True
+            ).start()
 
     def _plan_view(self) -> str:
         ready = self.in_force if self.ready is None else self.ready.cascade_sha256
@@ -324,6 +395,7 @@ class Supervisor:
             bind=self.settings.cluster.control_host,
             on_suspend=_suspended_by_peer(shared),
             plan=self._plan_view,
+            on_plan=self._look.set,
         )
         if self.layout.peers:
             threading.Thread(
@@ -379,6 +451,11 @@ def _spread_suspensions(
                 key = (peer, entry.cascade_sha256, entry.scope)
                 if key not in told and tell_suspended(peer, token, *key[1:]):
                     told.add(key)
+
+
+def _nudge_peers(peers: list[Peer], token: str) -> None:
+    for p in peers:
+        nudge(p, token)
 
 
 def _drain_peers(peers: list[Peer], token: str) -> None:

@@ -15,10 +15,12 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from helpers import cluster_addresses, kascade_run, output_count, output_ids, texts
+from helpers import cluster_addresses, kascade_run, labeled, output_count, output_ids, texts
 from test_faults import many, send, wait_for_outputs
 
 from kascade.dataflow.consume import read_all
+from kascade.schemas import InputDocument
+from kascade.schemas.cascade import CASCADE_FILE
 from kascade.schemas.kafka import KafkaSettings
 
 pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
@@ -285,48 +287,76 @@ def test_a_suspension_in_one_process_reaches_its_peer_through_the_control_channe
     assert "reports the live test fired for sw" in ended[1][1]
 
 
+class TwoCalibrations:
+    """A model directory per process, as on two hosts, with the calibration in force,
+    and a new ``cascade.json`` to place in them one at a time."""
+
+    def __init__(self, calibrated: Path, tmp_path: Path) -> None:
+        import shutil
+
+        from helpers import SMALL_CHUNKS, TINY_PATH, calibration
+
+        from kascade.toolchain.calibrate import calibrate
+
+        self.models = [tmp_path / f"model-{i}" for i in (0, 1)]
+        for m in [*self.models, tmp_path / "new"]:
+            shutil.copytree(calibrated, m)
+        calibrate(
+            tmp_path / "new",
+            texts(400),
+            calibration(epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS),
+            path=TINY_PATH,
+        )
+        self.fresh = tmp_path / "new" / CASCADE_FILE
+        self.old, self.new = _sha(calibrated / CASCADE_FILE), _sha(self.fresh)
+        assert self.old != self.new
+
+    def place(self, index: int) -> None:
+        """The new file into process ``index``'s directory, atomically (as kascade
+        calibrate writes it)."""
+        import shutil
+
+        model = self.models[index]
+        shutil.copy(self.fresh, model / "cascade.json.tmp")
+        (model / "cascade.json.tmp").replace(model / CASCADE_FILE)
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _batch(prefix: str, n: int) -> list[InputDocument]:
+    return [InputDocument(id=f"{prefix}-{i}", text=t) for i, t in enumerate(texts(n))]
+
+
+def _until_taken_up(cluster: Cluster, new: str) -> None:
+    """Until both processes say they run ``new``, and run."""
+    from kascade.dataflow.peers import Peer
+    from kascade.dataflow.plans import PlanView, view_of
+
+    def taken(index: int) -> bool:
+        host, port = cluster.addresses[index].split(":")
+        view = view_of(Peer(index, cluster.addresses[index], (host, int(port) + 1)))
+        return view == PlanView(new, new) and cluster.state(index) == "running"
+
+    deadline = time.monotonic() + 90
+    while not (taken(0) and taken(1)):
+        assert time.monotonic() < deadline, "the cluster did not take up the calibration"
+        time.sleep(0.2)
+
+
 def test_a_new_calibration_is_taken_up_by_the_whole_cluster_once_every_host_holds_it(
     kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
 ) -> None:
-    """Each process has a model directory of its own, as on two hosts, and the new
-    cascade.json reaches them one at a time: while only one holds it, both keep the
-    calibration in force (no record is settled under the new one); once both hold it,
-    both drain and resume from the snapshot with it, every record after that names it,
-    and every id is labeled once."""
-    import hashlib
-    import shutil
-
-    from helpers import SMALL_CHUNKS, TINY_PATH, calibration, labeled
-
-    from kascade.schemas import InputDocument
-    from kascade.schemas.cascade import CASCADE_FILE
-    from kascade.toolchain.calibrate import calibrate
-
-    def batch(prefix: str, n: int) -> list[InputDocument]:
-        return [InputDocument(id=f"{prefix}-{i}", text=t) for i, t in enumerate(texts(n))]
-
-    def sha(path: Path) -> str:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-
-    models = [tmp_path / f"model-{i}" for i in (0, 1)]
-    for m in [*models, tmp_path / "new"]:
-        shutil.copytree(calibrated, m)
-    calibrate(
-        tmp_path / "new",
-        texts(400),
-        calibration(epsilon=0.2, delta=0.1, chunking=SMALL_CHUNKS),
-        path=TINY_PATH,
-    )
-    fresh = tmp_path / "new" / CASCADE_FILE
-    old, new = sha(calibrated / CASCADE_FILE), sha(fresh)
-    assert old != new
-
-    def place(model: Path) -> None:  # atomically, as kascade calibrate writes it
-        shutil.copy(fresh, model / "cascade.json.tmp")
-        (model / "cascade.json.tmp").replace(model / CASCADE_FILE)
-
+    """The new cascade.json reaches the hosts one at a time: while only one holds it,
+    both keep the calibration in force (no record is settled under the new one); once
+    both hold it, both drain and resume from the snapshot with it, every record after
+    that names it, and every id is labeled once."""
+    two = TwoCalibrations(calibrated, tmp_path)
     cluster = Cluster(kafka_settings, calibrated, tmp_path, "--cascade", "on")
-    cluster.models = models
+    cluster.models = two.models
     procs = [cluster.start(0), cluster.start(1)]
     sent: list[InputDocument] = []
 
@@ -336,16 +366,13 @@ def test_a_new_calibration_is_taken_up_by_the_whole_cluster_once_every_host_hold
         wait_for_outputs(kafka_settings, len(sent), procs[0], timeout_s=180)
 
     try:
-        through(batch("first", 20))
-        place(models[1])  # the host that is not process 0 first
+        through(_batch("first", 20))
+        two.place(1)  # the host that is not process 0 first
         time.sleep(6)  # three looks at the model directory
-        through(batch("one-host", 40))
-        place(models[0])
-        deadline = time.monotonic() + 90
-        while labeled(kafka_settings)[sent[-1].id][0].model.cascade_sha256 != new:
-            assert time.monotonic() < deadline, "the cluster did not take up the calibration"
-            through(batch(f"probe{len(sent)}", 1))
-        through(batch("after", 40))
+        through(_batch("one-host", 40))
+        two.place(0)
+        _until_taken_up(cluster, two.new)
+        through(_batch("after", 40))
     finally:
         ended = cluster.stop_all()
     assert all(status == 0 for status, _ in ended.values()), ended
@@ -356,8 +383,47 @@ def test_a_new_calibration_is_taken_up_by_the_whole_cluster_once_every_host_hold
     records = labeled(kafka_settings)
     assert set(records) == {d.id for d in sent} and all(len(v) == 1 for v in records.values())
     shas = [records[d.id][0].model.cascade_sha256 for d in sent]
-    switch = shas.index(new)
-    assert set(shas[:switch]) == {old} and set(shas[switch:]) == {new}  # one switch, at once
-    assert switch >= 60  # nothing under the new one while a host lacked it
+    # nothing under the new one while a host lacked it; everything after under it
+    assert shas == [two.old] * 60 + [two.new] * 40
     after = {records[d.id][0].source.partition for d in sent[-40:]}
     assert after == {0, 1}  # both processes labeled with it
+
+
+def test_a_process_started_with_another_calibration_is_named_and_the_cluster_converges(
+    kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
+) -> None:
+    """As after a host restarted its whole process with a newer cascade.json on its
+    disk: each process says once that its peer runs another calibration; once process
+    0's directory holds the same file, the cluster runs it alone."""
+    two = TwoCalibrations(calibrated, tmp_path)
+    two.place(1)  # before process 1 starts: it runs the new one from the start
+    cluster = Cluster(kafka_settings, calibrated, tmp_path, "--cascade", "on")
+    cluster.models = two.models
+    procs = [cluster.start(0), cluster.start(1)]
+    sent: list[InputDocument] = []
+
+    def through(docs: list[InputDocument]) -> None:
+        sent.extend(docs)
+        send(kafka_settings, docs)
+        wait_for_outputs(kafka_settings, len(sent), procs[0], timeout_s=180)
+
+    try:
+        through(_batch("apart", 40))
+        time.sleep(5)  # two looks at the peers
+        two.place(0)
+        _until_taken_up(cluster, two.new)
+        through(_batch("after", 40))
+    finally:
+        ended = cluster.stop_all()
+    assert all(status == 0 for status, _ in ended.values()), ended
+    for index, (_, err) in ended.items():
+        only_one_liners(err)
+        peer = 1 - index
+        said = [line for line in err.splitlines() if f"process {peer} (" in line]
+        assert len([line for line in said if " runs calibration " in line]) == 1, err
+    records = labeled(kafka_settings)
+    assert set(records) == {d.id for d in sent} and all(len(v) == 1 for v in records.values())
+    # before: each process labeled under its own (records go to the process their id
+    # hashes to, whichever partition they came from)
+    assert {records[d.id][0].model.cascade_sha256 for d in sent[:40]} == {two.old, two.new}
+    assert {records[d.id][0].model.cascade_sha256 for d in sent[-40:]} == {two.new}

@@ -12,7 +12,14 @@ import urllib.request
 
 import pytest
 
-from kascade.dataflow.peers import READ_TIMEOUT_S, ControlServer, Peer, ask_to_drain, probe
+from kascade.dataflow.peers import (
+    READ_TIMEOUT_S,
+    ControlServer,
+    Peer,
+    ask_to_drain,
+    nudge,
+    probe,
+)
 from kascade.dataflow.ports import free_port
 
 TOKEN = "s3cret-control-token"
@@ -196,9 +203,15 @@ def test_a_peer_reads_what_calibration_a_process_runs_and_garbage_reads_as_none(
 
     port = free_port()
     said = [PlanView("a" * 64, "b" * 64, None).text()]
-    control = ControlServer(f"127.0.0.1:{port - 1}", 1, Drains(), token=TOKEN, plan=lambda: said[0])
+    looks = Drains()  # counts the asks to look at process 0's calibration now
+    control = ControlServer(
+        f"127.0.0.1:{port - 1}", 1, Drains(), token=TOKEN, plan=lambda: said[0], on_plan=looks
+    )
     try:
         assert view_of(peer(port)) == PlanView("a" * 64, "b" * 64, None)
+        assert not nudge(peer(port), "guess") and nudge(peer(port), TOKEN)
+        time.sleep(0.2)
+        assert looks.count == 1  # only the one with the cluster's token
         said[0] = "a" * 64 + " not-a-digest -"  # what a broken or foreign process says
         assert view_of(peer(port)) is None
     finally:
