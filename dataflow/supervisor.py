@@ -238,10 +238,14 @@ class Supervisor:
         self._look.set()
         if self.control is not None:
             self.control.state = State.DRAINING
-        if self.started is not None and not self._interrupted:
-            # workers drain on SIGINT (Bytewax's interrupt); ones draining for a new plan
-            # already do, and a second SIGINT would stop them at once, mid-drain
-            self.started.signal_all(signal.SIGINT)
+        if self.started is None:
+            return
+        if self._interrupted:
+            # draining for a new plan already: a SIGINT now would be their second and stop
+            # them mid-drain; the next signal does, as a second signal should
+            self._interrupted = False
+        else:
+            self.started.signal_all(signal.SIGINT)  # workers drain on Bytewax's interrupt
 
     def _signalled(self, _signum: int, _frame: object) -> None:
         # SIGTERM reaches us from systemd, Kubernetes or docker stop. A cluster drains as
