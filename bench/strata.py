@@ -16,6 +16,10 @@ in :mod:`bench.coverage`).
 
     python -m bench.strata --model ~/.cache/kascade/models/demo-e5-small-55bb0dcc0bd3 \\
         --data ../shared/data/sib200 --json runs/strata.json
+    # per language: one-sentence documents in 20 languages (about 400 certification
+    # chunks each), epsilon 0.05, where a language holds enough to stand alone
+    python -m bench.strata --model ... --data ../shared/data/sib200 --long-share 0 \
+        --short-sentences 1 1 --epsilon 0.05 --by-language --json runs/strata_languages.json
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ from kascade.toolchain.strata import chunk_kinds
 def documents(
     data: Path, long_share: float, long_sentences: tuple[int, int],
     short_sentences: tuple[int, int], seed: int,
-) -> tuple[list[str], list[int]]:  # fmt: skip
-    """Documents of one topic and language each, and the block of sentence ids each was
-    made of (its group: shared by its translations)."""
+) -> tuple[list[str], list[int], list[str]]:  # fmt: skip
+    """Documents of one topic and language each, the block of sentence ids each was
+    made of (its group: shared by its translations), and its language."""
     rng = random.Random(seed)
     by_lang, topics = parallel(data)
     blocks: list[list[str]] = []
@@ -55,7 +59,8 @@ def documents(
                 n = rng.randint(lo, hi)
                 blocks.append(part[:n])
                 part = part[n:]
-    return joined(by_lang, blocks)
+    texts, groups = joined(by_lang, blocks)
+    return texts, groups, [lang for _ in blocks for lang in by_lang]  # as joined orders them
 
 
 def rates(got: ChunkCertificate, feats: Features, held: np.ndarray, kinds: dict) -> dict:
@@ -90,33 +95,46 @@ def main() -> None:
     ap.add_argument("--long-share", type=float, default=0.75, help="of the sentence ids")
     ap.add_argument("--long-sentences", type=int, nargs=2, default=(12, 20))
     ap.add_argument("--short-sentences", type=int, nargs=2, default=(1, 4))
+    ap.add_argument(
+        "--fit-fraction", type=float, default=0.4, help="of the calibration, for the heads"
+    )
     ap.add_argument("--epsilon", type=float, default=0.02)
     ap.add_argument("--delta", type=float, default=0.05)
     ap.add_argument("--chunk-tokens", type=int, default=256)
     ap.add_argument("--overlap", type=int, default=32)
+    ap.add_argument(
+        "--by-language",
+        action="store_true",
+        help="name each text's language to the calibration (strata by language) and"
+        " measure held-out streams of one language each",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    texts, groups = documents(
+    texts, groups, langs = documents(
         args.data, args.long_share, tuple(args.long_sentences), tuple(args.short_sentences), 0
     )
+    languages = langs if args.by_language else None
     t0 = time.perf_counter()
     feats = extract(args.model, texts, max_tokens=args.chunk_tokens, overlap=args.overlap)
     extract_s = time.perf_counter() - t0
     _, lengths = chunk_kinds(None, feats.source)
     kinds = {"short": lengths == "short", "long": lengths == "long", "mix": lengths != ""}
+    if args.by_language:
+        of_chunk = np.asarray(langs)[feats.source]
+        kinds = {lang: of_chunk == lang for lang in sorted(set(langs))} | {"mix": lengths != ""}
     n_labels = len(load_model_dir(args.model).manifest.labels)
     rows = []
     for s in range(args.splits):
         held, calib = split_by_group(feats.source, groups, args.held_out, seed=1000 + s)
-        fit_pos, cert_pos = split_by_group(feats.source[calib], groups, 0.4, seed=s)
+        fit_pos, cert_pos = split_by_group(feats.source[calib], groups, args.fit_fraction, seed=s)
         fit, cert = calib[fit_pos], calib[cert_pos]
         row: dict = {"split": s, "fit": len(fit), "certify": len(cert), "held_out": len(held)}
         for how, by_kind in (("one", False), ("per_kind", True)):
             try:
                 got = certify_chunks(
                     feats, fit, cert, n_labels, epsilon=args.epsilon, delta=args.delta,
-                    seed=s, by_kind=by_kind,
+                    seed=s, by_kind=by_kind, languages=languages,
                 )  # fmt: skip
             except CalibrationTooSmall:
                 row[how] = None
