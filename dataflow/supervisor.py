@@ -30,19 +30,18 @@ from pathlib import Path
 from bytewax.dataflow import Dataflow
 
 from kascade import logs
+from kascade.dataflow.control import ControlServer
 from kascade.dataflow.lifecycle import OneStart, Order, Phase
 from kascade.dataflow.peers import (
-    ControlServer,
     Peer,
     State,
     ask_to_drain,
-    nudge,
-    tell_suspended,
+    spread_suspensions,
+    suspended_by_peer,
 )
-from kascade.dataflow.plans import LEADER, NewPlan, PlanView, agreed, view_of, waiting_for
+from kascade.dataflow.plans import NewPlan, Plans
 from kascade.dataflow.processes import Ending, Layout, Orders, Started, notes_dir
 from kascade.dataflow.restarts import RestartPolicy
-from kascade.schemas import suspensions
 from kascade.schemas.quarantine import Quarantine, Suspect
 from kascade.schemas.settings import Settings
 
@@ -81,8 +80,8 @@ def supervise(
 class Supervisor:
     """Starts, watches and restarts this host's processes; drains them on a signal or at
     a peer's request; takes up a new plan. Its threads (signals, the control port, the
-    plan watcher) only set ``stopping`` or the plan to take up (``ready``, ``taking``,
-    ``new_plan``); the loop in :meth:`run` acts."""
+    plan watcher) only set ``stopping`` or what :attr:`plans` takes up next; the loop in
+    :meth:`run` acts."""
 
     def __init__(
         self,
@@ -92,17 +91,11 @@ class Supervisor:
         calibration: str | None = None,
     ) -> None:
         self.settings = settings
-        self.build = build
         self.replan = replan
         self.layout = Layout.of(settings)
         self.token = settings.cluster.token() if self.layout.hosts is not None else None
         self.stopping = threading.Event()
-        self.in_force = calibration  # sha256 of the cascade.json the workers run
-        self.ready: NewPlan | None = None  # a new calibration checked, not yet agreed on
-        self.taking: str | None = None  # the calibration of new_plan
-        self.new_plan: Builder | None = None  # the next start's builder, once decided
-        self._said: set[str] = set()  # what waiting or apart was said once
-        self._followed: set[str] = set()  # calibrations whose take-up this process joined
+        self.plans = Plans(build, calibration, self.layout.ids[0], self.layout.peers, self.token)
         self._look = threading.Event()  # look at the plan now (stopping, or a peer asked)
         self._interrupted = False  # this start's workers were told to drain for a plan
         self.started: Started | None = None
@@ -122,15 +115,11 @@ class Supervisor:
         try:
             totals: Counter[str] = Counter()
             while True:
-                self._take_up()
+                self.plans.take_up()
                 began = time.monotonic()
                 ending = self._start_once(policy.restarts)
                 totals += ending.totals
-                if (
-                    ending.cause is None
-                    and self.new_plan is not None
-                    and not self.stopping.is_set()
-                ):
+                if ending.cause is None and self.plans.decided and not self.stopping.is_set():
                     continue
                 if ending.cause is None:
                     return totals
@@ -173,7 +162,7 @@ class Supervisor:
         if notes is not None:
             for old in notes.glob("*"):
                 old.unlink()
-        orders = Orders(settings, self.build, restarts, os.getpid(), logs.current())
+        orders = Orders(settings, self.plans.build, restarts, os.getpid(), logs.current())
         self._interrupted = False
         self.started = started = Started(orders, layout, layout.addresses(), self.shared)
         if self.stopping.is_set():  # a signal while the processes were being started
@@ -189,7 +178,7 @@ class Supervisor:
             seen = started.seen(
                 time.monotonic() - began,
                 stopping=self.stopping.is_set(),
-                new_plan=self.new_plan is not None,
+                new_plan=self.plans.decided,
             )
             for order in start.step(seen):
                 self._carry_out(order, start)
@@ -267,23 +256,6 @@ class Supervisor:
             log.warning("a peer is stopping: draining this process too")
             self.stop()
 
-    def _take_up(self) -> None:
-        """Before a start (the first, after a drain, after a failure: each resumes from
-        the snapshot, a consistent point): the plan decided on, if any."""
-        if self.new_plan is None and self.ready is not None and self.layout.peers:
-            self._agree(self.ready)  # one that was away starts with the cluster's plan
-        if self.new_plan is None:
-            return
-        new = self.taking != self.in_force
-        self.build, self.new_plan = self.new_plan, None
-        self.in_force, self.taking = self.taking, None
-        if self.ready is not None and self.ready.cascade_sha256 == self.in_force:
-            self.ready = None
-        if new:
-            log.warning("the workers resume from the snapshot with the new calibration")
-        else:
-            log.warning("the workers resume from the snapshot with the rest of the cluster")
-
     def _watch_the_plan(self) -> None:
         assert self.replan is not None
         while True:
@@ -291,99 +263,12 @@ class Supervisor:
             self._look.clear()
             if self.stopping.is_set():
                 return
-            if self.new_plan is not None:
+            if self.plans.decided:
                 continue  # the last one is being taken up
             try:
-                found = self.replan()
+                self.plans.offer(self.replan())
             except Exception:  # a failed look costs nothing: the plan in force stays
                 log.exception("could not check the model directory for a new calibration")
-                continue
-            self.ready = found or self.ready
-            pending = self.ready is not None and self.ready.cascade_sha256 != self.in_force
-            if not self.layout.peers:
-                if pending and self.ready is not None:
-                    self._decide(self.ready)
-                continue
-            views = {p: view_of(p) for p in self.layout.peers}
-            if pending and self.ready is not None:
-                self._agree(self.ready, views)
-            self._follow(views)
-            self._say_apart(views)
-
-    def _agree(self, plan: NewPlan, views: dict[Peer, PlanView | None] | None = None) -> None:
-        """Take ``plan`` up where the cluster agrees (:func:`~kascade.dataflow.plans.agreed`);
-        else say once whom it waits for."""
-        sha, own = plan.cascade_sha256, self.layout.ids[0]
-        if views is None:
-            views = {p: view_of(p) for p in self.layout.peers}
-        if agreed(sha, own, views):
-            log.warning(
-                "the cluster takes up the new calibration (sha256 %s), this process with it",
-                sha[:12],
-            )
-            self._decide(plan)
-        elif sha not in self._said:
-            self._said.add(sha)
-            log.warning(
-                "a new calibration (sha256 %s) is ready here; the cluster takes it up all at"
-                " once, so this process waits for %s",
-                sha[:12],
-                waiting_for(sha, own, views),
-            )
-
-    def _follow(self, views: dict[Peer, PlanView | None]) -> None:
-        """Drain along with process 0 when it takes up the calibration this process
-        already runs (it started with the newer file): a cluster drains and starts as
-        one, so every process restarts from the snapshot with it."""
-        lead = [v for p, v in views.items() if p.index == LEADER]
-        if not lead or lead[0] is None or self.new_plan is not None:
-            return
-        sha = lead[0].taking
-        if sha is None or sha != self.in_force or sha in self._followed:
-            return
-        self._followed.add(sha)
-        log.warning(
-            "process 0 takes up calibration %s, which this process runs: draining with it",
-            sha[:12],
-        )
-        self.taking = sha
-        self.new_plan = self.build
-
-    def _say_apart(self, views: dict[Peer, PlanView | None]) -> None:
-        """Say once for each peer that runs another calibration than this process (one
-        whose whole process started again with a newer file on its disk)."""
-        for peer, view in views.items():
-            if view is None or self.taking or view.taking or view.in_force == self.in_force:
-                continue
-            key = f"{peer.index} {view.in_force} {self.in_force}"
-            if key not in self._said:
-                self._said.add(key)
-                log.warning(
-                    "%s runs calibration %s, this process %s: records name the one that"
-                    " settled them, until every host's model directory holds the same"
-                    " cascade.json and the cluster takes it up",
-                    peer,
-                    (view.in_force or "none")[:12],
-                    (self.in_force or "none")[:12],
-                )
-
-    def _decide(self, plan: NewPlan) -> None:
-        if plan.cascade_sha256 == self.in_force:
-            return  # the plan watcher and a start both agreed: taken up once
-        self._followed.add(plan.cascade_sha256)
-        self.taking = plan.cascade_sha256
-        self.new_plan = plan.build  # last: the loop reads it first
-        if self.layout.peers and self.layout.ids[0] == LEADER:
-            # the others follow at their next look; asked, they look now, so the
-            # cluster drains as one
-            assert self.token is not None
-            threading.Thread(
-                target=_nudge_peers, args=(self.layout.peers, self.token), daemon=True
-            ).start()
-
-    def _plan_view(self) -> str:
-        ready = self.in_force if self.ready is None else self.ready.cascade_sha256
-        return PlanView(self.in_force, ready, self.taking).text()
 
     def _control_port(self) -> ControlServer | None:
         """A job over several hosts answers its peers: states, drains, suspensions."""
@@ -397,13 +282,13 @@ class Supervisor:
             self._drained_by_peer,
             token=token,
             bind=self.settings.cluster.control_host,
-            on_suspend=_suspended_by_peer(shared),
-            plan=self._plan_view,
+            on_suspend=suspended_by_peer(shared),
+            plan=self.plans.view,
             on_plan=self._look.set,
         )
         if self.layout.peers:
             threading.Thread(
-                target=_spread_suspensions,
+                target=spread_suspensions,
                 args=(shared, self.layout.peers, token, self.stopping),
                 name="spread-suspensions",
                 daemon=True,
@@ -422,44 +307,6 @@ _CONTROL_STATE = {
 
 # How often a supervised job looks for a new plan (cascade.json) in the model directory.
 REPLAN_POLL_S = 2.0
-# How often a cluster's process passes its new suspensions on to its peers.
-SPREAD_POLL_S = 1.0
-
-
-def _suspended_by_peer(recovery_dir: Path) -> Callable[[str, str], None]:
-    """What a peer's report of a suspension does here: the same scope in this host's
-    suspensions file, which this host's workers adopt within a second."""
-
-    def record(cascade_sha256: str, scope: str) -> None:
-        try:
-            suspensions.add(recovery_dir, cascade_sha256, scope, "reported by a peer process")
-        except (OSError, ValueError) as e:
-            log.warning("cannot record a peer's suspension in %s: %s", recovery_dir, e)
-
-    return record
-
-
-def _spread_suspensions(
-    recovery_dir: Path, peers: list[Peer], token: str, stopping: threading.Event
-) -> None:
-    """Tell every peer each suspension this host's file holds, until each has answered
-    (an unreachable peer is told again later; telling twice changes nothing)."""
-    told: set[tuple[Peer, str, str]] = set()
-    while not stopping.wait(SPREAD_POLL_S):
-        try:
-            entries = suspensions.load(recovery_dir).suspended
-        except (OSError, ValueError):
-            continue
-        for entry in entries:
-            for peer in peers:
-                key = (peer, entry.cascade_sha256, entry.scope)
-                if key not in told and tell_suspended(peer, token, *key[1:]):
-                    told.add(key)
-
-
-def _nudge_peers(peers: list[Peer], token: str) -> None:
-    for p in peers:
-        nudge(p, token)
 
 
 def _drain_peers(peers: list[Peer], token: str) -> None:

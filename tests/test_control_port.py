@@ -12,14 +12,8 @@ import urllib.request
 
 import pytest
 
-from kascade.dataflow.peers import (
-    READ_TIMEOUT_S,
-    ControlServer,
-    Peer,
-    ask_to_drain,
-    nudge,
-    probe,
-)
+from kascade.dataflow.control import READ_TIMEOUT_S, ControlServer
+from kascade.dataflow.peers import Peer, ask_to_drain, nudge, probe
 from kascade.dataflow.ports import free_port
 
 TOKEN = "s3cret-control-token"

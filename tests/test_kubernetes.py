@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel
 
 from kascade.cli import build_parser
-from kascade.dataflow.peers import ControlServer
+from kascade.dataflow.control import ControlServer
 from kascade.dataflow.ports import free_port
 from kascade.dataflow.supervisor import DRAIN_S
 from kascade.schemas.settings import Settings, load_settings

@@ -96,8 +96,8 @@ ORDER = {
         *("full_model", "cascade", "reduce", "serialize"),  # the steps that compose them
     ],
     "kascade.dataflow": [
-        *("health", "ports", "channel", "restarts", "lifecycle", "peers"),
-        *("processes", "supervisor"),
+        *("health", "ports", "channel", "restarts", "lifecycle", "peers", "control"),
+        *("plans", "processes", "supervisor"),
         *("broker", "kafka_io", "transactions"),
         *("exactly_once", "consume", "sample", "flow", "recalibration", "runner", "worker"),
         "commands",
