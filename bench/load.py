@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, Producer
 from bench.env import environment
 from bench.flow import fresh_topics, kascade_run_command
 from bench.long_docs import _rows
+from bench.sib200 import language_tag
 from kascade.dataflow.ports import free_port
 from kascade.demo.local_broker import ensure_local_broker
 from kascade.operators.encoder import load_model_dir
@@ -71,7 +72,9 @@ def document_mix(
             text.append(s)
             n += len(tokenizer.encode(s, add_special_tokens=False).ids)
         meta = {"topic": topic, "tokens": n}
-        docs.append(InputDocument(id=f"d{i}", text=" ".join(text), lang=lang, metadata=meta))
+        docs.append(
+            InputDocument(id=f"d{i}", text=" ".join(text), lang=language_tag(lang), metadata=meta)
+        )
     return docs
 
 
@@ -261,8 +264,9 @@ def run(args: argparse.Namespace) -> dict:
 
     try:
         capacity(k, results, fresh(16))  # warm-up: models loaded in every worker
-        cap = capacity(k, results, fresh(args.backlog))
-        print(f"capacity {cap:.2f} docs/s (backlog of {args.backlog})", flush=True)
+        measured = capacity(k, results, fresh(args.backlog))
+        print(f"capacity {measured:.2f} docs/s (backlog of {args.backlog})", flush=True)
+        cap = args.capacity or measured  # rates as fractions of one figure across variants
         rows = []
         for fraction in args.rates:
             rate = fraction * cap
@@ -291,7 +295,8 @@ def run(args: argparse.Namespace) -> dict:
         "workers": args.workers,
         "threads": args.threads,
         "extra": args.extra,
-        "capacity_docs_s": round(cap, 3),
+        "capacity_docs_s": round(measured, 3),
+        "rates_of_docs_s": round(cap, 3),
         "seconds_per_rate": args.seconds,
         "rows": rows,
         "environment": environment(),
@@ -341,6 +346,12 @@ def main() -> None:
         "--rates", type=float, nargs="*", default=list(RATES), help="none: capacity only"
     )
     ap.add_argument("--seconds", type=float, default=60.0)
+    ap.add_argument(
+        "--capacity",
+        type=float,
+        help="documents/s the rates are fractions of (default: the capacity measured now);"
+        " give one figure to compare variants at the same send rates",
+    )
     ap.add_argument("--backlog", type=int, default=200)
     ap.add_argument("--documents", type=int, default=400, help="distinct documents in the mix")
     ap.add_argument("--seed", type=int, default=0)

@@ -36,6 +36,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from bench.baseline import naive_consumer
 from bench.flow import fresh_topics, kascade_run_command, send, timestamps
+from bench.sib200 import language_tag
 from kascade.dataflow.consume import read_all
 from kascade.demo.local_broker import ensure_local_broker
 from kascade.operators.encoder import load_model_dir
@@ -114,7 +115,12 @@ def documents(
         if opening:
             body = boilerplate(rng, n_tokens) + "\n\n" + body
         meta = {"topic": topic, "boilerplate": opening, "tokens": size}
-        out.append((InputDocument(id=f"{split}-{i}", text=body, lang=lang, metadata=meta), topic))
+        out.append(
+            (
+                InputDocument(id=f"{split}-{i}", text=body, lang=language_tag(lang), metadata=meta),
+                topic,
+            )
+        )
     return out
 
 

@@ -21,6 +21,15 @@ import random
 from pathlib import Path
 
 
+def language_tag(code: str) -> str:
+    """A FLORES-200 code as the BCP-47 tag a record carries (language and script).
+
+    >>> language_tag("zho_Hans")
+    'zho-Hans'
+    """
+    return code.replace("_", "-")
+
+
 def read(path: Path) -> list[dict]:
     with open(path, encoding="utf-8", newline="") as f:
         return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
