@@ -25,6 +25,7 @@ from kascade.schemas.files import write_text_atomically
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[float, ...]]] = {
     "at_least_once": (("--delivery", "at_least_once"), (0.3, 0.5, 0.7)),
     "exactly_once": (("--delivery", "exactly_once"), (0.3, 0.5, 0.7)),
+    "exactly_once, commit 100 ms": (("--kafka.commit-interval-ms", "100"), (0.7,)),
     "exactly_once, commit 250 ms": (("--kafka.commit-interval-ms", "250"), (0.7,)),
     "exactly_once, commit 1000 ms": (("--kafka.commit-interval-ms", "1000"), (0.7,)),
     "exactly_once, snapshots every 1 s": (("--snapshot-interval-s", "1"), (0.7,)),

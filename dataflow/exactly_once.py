@@ -11,10 +11,11 @@ the snapshot it resumed from (README, "Exactly once: how it holds"):
   (``<kafka.transactional_id>-<partition>``): every result goes to the partition of its
   input record (its *origin*), and every result carries its origin in the
   ``kascade-origin`` header.
-- A partition commits what it was given at most ``kafka.commit_interval_ms`` later
-  (:class:`~kascade.dataflow.transactions.Committer`) and always before its snapshot is
-  taken; the snapshot (:class:`Ledger`) holds, per output topic partition, the offset
-  after its last committed record.
+- A partition commits what it was given as soon as its previous commit began
+  ``kafka.commit_interval_ms`` ago (:class:`~kascade.dataflow.transactions.Committer`:
+  a group commit, so a result waits at most that long plus one commit) and always before
+  its snapshot is taken; the snapshot (:class:`Ledger`) holds, per output topic
+  partition, the offset after its last committed record.
 - At every start, before any partition is built, the job fences each of its
   transactional ids (:func:`fence`): a zombie of the previous run can no longer commit,
   and its open transactions are aborted.

@@ -3,8 +3,11 @@
 A commit takes 10-30 ms on a local broker (docs/BENCHMARKS.md, section 17); made on the
 worker's thread it would stall the model that often. :class:`Committer` takes records
 from the worker without blocking, produces them into an open transaction, and commits it
-``interval_s`` after its first record; :meth:`Committer.commit_all` (called when Bytewax
-snapshots) blocks until everything handed over is committed.
+as soon as the previous commit began ``interval_s`` ago or more: a record after a quiet
+spell is committed at once, and under load the records that came during one commit
+share the next (a group commit: at most one commit per interval, none waited for without
+need). :meth:`Committer.commit_all` (called when Bytewax snapshots) blocks until
+everything handed over is committed.
 
 Errors follow librdkafka's transactional contract: a retriable one is retried until the
 outage tolerance is spent; one that needs an abort aborts, and the transaction's records
@@ -76,6 +79,9 @@ class Committer:
         self._txn: list[Outgoing] = []
         self._txn_offsets: dict[TopicPartition, int] = {}
         self._txn_due: float | None = None
+        # When the previous commit began; a new producer counts its start as one, so
+        # its first interval is a whole one, like every later one.
+        self._last_commit = now()
         self._delivery_error: str | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -158,7 +164,7 @@ class Committer:
     def _produce(self, batch: list[Outgoing]) -> None:
         if not self._txn:
             self._producer.begin_transaction()
-            self._txn_due = self._now() + self._interval_s
+            self._txn_due = max(self._now(), self._last_commit + self._interval_s)
         for item in batch:
             self._send_one(item)
         self._txn.extend(batch)
@@ -192,7 +198,7 @@ class Committer:
     def _commit(self) -> None:
         """Commit the open transaction: through retriable errors up to the tolerance, and
         through aborts by producing its records again."""
-        started = self._now()
+        started = self._last_commit = self._now()
         aborts = 0
         aborting = False
         while True:

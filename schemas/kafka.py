@@ -134,11 +134,13 @@ class KafkaSettings(BaseModel):
         " different for every other job; default: kascade-<input_topic>-<output_topic>.",
     )
     commit_interval_ms: int = Field(
-        default=100,
+        default=25,
         ge=1,
         le=60_000,
-        description="With delivery=exactly_once: how long results wait to be committed"
-        " (readers see them then); every snapshot commits too.",
+        description="With delivery=exactly_once: the least time between two commits of a"
+        " partition (readers see results when committed); a result after a quiet spell is"
+        " committed at once, the results written during one commit share the next, and"
+        " every snapshot commits too.",
     )
     transaction_timeout_s: float = Field(
         default=60.0,
