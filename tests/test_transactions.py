@@ -74,7 +74,7 @@ def test_a_result_after_a_quiet_spell_is_committed_at_once_and_the_next_within_t
     kafka_settings: KafkaSettings,
 ) -> None:
     k = kafka_settings
-    interval_s = 4.0
+    interval_s = 6.0
     committer = _committer(k, f"t-{k.output_topic}", interval_s=interval_s)
     time.sleep(interval_s + 0.2)  # quiet: the last commit (the start) is an interval ago
     began = time.monotonic()
@@ -83,8 +83,9 @@ def test_a_result_after_a_quiet_spell_is_committed_at_once_and_the_next_within_t
     assert time.monotonic() - began < interval_s / 2  # not an interval after it came
     second = _results(k.output_topic, 2)[1:]
     committer.send(second)  # the commit before it began just now: it waits its turn
-    time.sleep(interval_s / 4)
+    time.sleep(0.5)
     assert len(read_records(k, k.output_topic)) == 1
+    assert time.monotonic() - began < interval_s  # so it was read before its turn came
     assert len(read_records(k, k.output_topic, expect=2, timeout_s=2 * interval_s)) == 2
     committer.close()
 
