@@ -7,8 +7,10 @@ imported only when chosen, so a host without it runs everything else.
 Measured on an Intel Xeon with AMX (docs/BENCHMARKS.md): the FP32 graph under OpenVINO
 in bf16 classifies a 256-token chunk about twice as fast per thread as the INT8 graph
 under ONNX Runtime, while OpenVINO runs the INT8 (MatMulInteger) graph at half ONNX
-Runtime's speed. Hence ``auto``: OpenVINO in bf16 for a graph whose MatMuls are float on
-a host with bf16 units, ONNX Runtime otherwise.
+Runtime's speed. On an Intel Xeon with AVX512-BF16 but no AMX, OpenVINO's bf16 ran the
+FP32 graph at half ONNX Runtime's INT8 speed and below its own FP32: the vector bf16
+instructions do not pay, the matrix units do. Hence ``auto``: OpenVINO in bf16 for a
+graph whose MatMuls are float on a host with AMX, ONNX Runtime otherwise.
 """
 
 from __future__ import annotations
@@ -111,6 +113,20 @@ def host_capabilities() -> frozenset[str]:
         return frozenset()
 
 
+@functools.cache
+def bf16_matrix_units() -> bool:
+    """Whether the CPU has bf16 matrix units (AMX: Linux's ``amx_bf16`` flag), where
+    bf16 beats INT8; ``False`` where the flags cannot be read."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_bf16" in line.split()
+    except OSError:
+        pass
+    return False
+
+
 def integer_matmuls(manifest: ModelManifest) -> bool:
     """Whether the graphs' weight MatMuls were quantized to integers."""
     return manifest.quantization.get("matmul", "fp32") != "fp32"
@@ -156,16 +172,17 @@ def resolve(
             if known is not None and runs_here(known):
                 return known
     bf16_host = "BF16" in host_capabilities()
+    bf16_pays = bf16_host and bf16_matrix_units()  # AVX512-BF16 alone runs bf16 slower
     backend = settings.backend
     if backend == "auto":
         float_graph = not integer_matmuls(manifest)
         wants_bf16 = settings.precision in ("auto", "bf16")
-        backend = "openvino" if float_graph and bf16_host and wants_bf16 else "onnxruntime"
+        backend = "openvino" if float_graph and bf16_pays and wants_bf16 else "onnxruntime"
         if settings.precision == "bf16":
             backend = "openvino"
     precision = settings.precision
     if precision == "auto":
-        precision = "bf16" if backend == "openvino" and bf16_host else "fp32"
+        precision = "bf16" if backend == "openvino" and bf16_pays else "fp32"
     engine = Engine(backend=Backend(backend), precision=Precision(precision))
     if engine.backend is Backend.OPENVINO:
         _openvino_core()  # installed, or a usage error now rather than in a worker

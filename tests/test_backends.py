@@ -42,8 +42,10 @@ def manifest(matmul: str = "fp32") -> ModelManifest:
 def host(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
     """Pretend the host's OpenVINO reports ``capabilities`` (empty: not installed)."""
 
-    def set_to(capabilities: frozenset[str]) -> None:
+    def set_to(capabilities: frozenset[str], matrix_units: bool | None = None) -> None:
         monkeypatch.setattr(backends, "host_capabilities", lambda: capabilities)
+        amx = "BF16" in capabilities if matrix_units is None else matrix_units
+        monkeypatch.setattr(backends, "bf16_matrix_units", lambda: amx)
         if not capabilities:
 
             def missing() -> None:
@@ -76,6 +78,18 @@ def test_auto_is_onnxruntime_without_bf16_units_or_without_openvino(
     for capabilities in (NO_BF16, frozenset()):
         host(capabilities)
         assert backends.resolve(EncoderSettings(), manifest()) == ORT
+
+
+def test_auto_leaves_bf16_alone_where_the_host_has_avx512_bf16_but_no_amx(
+    host,  # type: ignore[no-untyped-def]
+) -> None:
+    # Measured there (docs/BENCHMARKS.md section 28): OpenVINO's bf16 ran slower than
+    # ONNX Runtime's INT8 and FP32 and than its own FP32.
+    host(AMX, matrix_units=False)
+    assert backends.resolve(EncoderSettings(), manifest()) == ORT
+    assert backends.resolve(EncoderSettings(backend="openvino"), manifest()) == OV_FP32
+    # Asked for by name, bf16 runs: the host has the instructions.
+    assert backends.resolve(EncoderSettings(precision="bf16"), manifest()) == OV_BF16
 
 
 def test_auto_keeps_the_engine_the_cascade_was_calibrated_with_where_it_runs(
