@@ -11,6 +11,7 @@ import platform
 from importlib import metadata
 from pathlib import Path
 
+from kascade.operators.backends import cpu_flags
 from kascade.schemas.files import write_text_atomically
 
 VECTOR_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16")
@@ -29,14 +30,12 @@ PACKAGES = (
 
 
 def environment() -> dict:
-    cpu, flags = platform.processor(), set()
+    cpu, flags = platform.processor(), cpu_flags()
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
-                if (line.startswith("model name") and not cpu) or line.startswith("model name"):
+                if line.startswith("model name"):
                     cpu = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
     except OSError:
         pass
     versions = {}

@@ -114,17 +114,22 @@ def host_capabilities() -> frozenset[str]:
 
 
 @functools.cache
-def bf16_matrix_units() -> bool:
-    """Whether the CPU has bf16 matrix units (AMX: Linux's ``amx_bf16`` flag), where
-    bf16 beats INT8; ``False`` where the flags cannot be read."""
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags as Linux names them (``avx512_bf16``, ``amx_bf16``...);
+    empty where they cannot be read."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return "amx_bf16" in line.split()
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return False
+    return frozenset()
+
+
+def bf16_matrix_units() -> bool:
+    """Whether the CPU has bf16 matrix units (AMX), where bf16 beats INT8."""
+    return "amx_bf16" in cpu_flags()
 
 
 def integer_matmuls(manifest: ModelManifest) -> bool:
