@@ -25,13 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from kascade.operators.calibration import Cascade
-from kascade.operators.cascade import CascadeLogic
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir, softmax
+from kascade.operators.exits import read_all
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
 from kascade.operators.reduce import ChunkVerdict, aggregate
-from kascade.operators.verdicts import Verdict, cheap_stages
-from kascade.schemas import Aggregation
+from kascade.operators.verdicts import CascadeState, Verdict, cheap_stages
+from kascade.schemas import Aggregation, Reading, StopReason
 from kascade.schemas.files import write_text_atomically
 from kascade.schemas.settings import ChunkSettings
 from kascade.toolchain.calibrate import calibrate, min_accepted
@@ -101,14 +101,14 @@ def evaluate(
             t0 = time.perf_counter()
             full[t.index] = softmax(encoder.suffix(hidden, mask)[0].astype(np.float64))
             timing["suffix"].append(time.perf_counter() - t0)
-        logic = CascadeLogic(lambda t, v=verdicts: v[t.index], strategy)
-        out: list = []
-        for t in tasks:
-            out = logic.on_item(t)[0] or out
+        # Read to the end (no stop in this benchmark): the document-level early exit.
+        state = CascadeState(meta, {t.index: t for t in tasks}, verdicts)
+        to_the_end = Reading(chunks_read=len(tasks), tokens_read=0, stopped=StopReason.END)
+        out = read_all(state, to_the_end, strategy, 0.0) if tasks else []
         results = []
         for x in out:
             if isinstance(x, Outcome):
-                continue  # read to the end: no stop in this benchmark
+                continue
             if isinstance(x, Escalation):
                 results.append(ChunkVerdict(x.task.index, x.task.n_tokens, full[x.task.index]))
                 counts["full"] += 1

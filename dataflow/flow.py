@@ -22,12 +22,12 @@ from kascade.errors import UsageError
 from kascade.operators import backends, metrics
 from kascade.operators.calibration import Cascade
 from kascade.operators.cascade import cascade
-from kascade.operators.chunking import chunk
+from kascade.operators.chunking import chunk, with_text
 from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.formats import Reader, Writer
 from kascade.operators.full_model import classify
 from kascade.operators.guarantee import Guard, Shared, Watch
-from kascade.operators.items import ChunkResult, ChunkTask, Outcome, Outgoing
+from kascade.operators.items import ChunkResult, Outcome, Outgoing
 from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.streams import by_class
@@ -246,7 +246,7 @@ def _live_test(
     agree = int(result.probs.argmax()) == result.audit_of
     metrics.AUDITS.labels(str(agree).lower()).inc()
     try:
-        guard.audit(agree, in_force.scope_of(result.doc.lang, result.doc.chunks_of_text))
+        guard.audit(agree, in_force.scope_of(result.doc.lang, result.doc.total_chunks))
     except Exception:  # bookkeeping of the live test never costs a worker or a record
         log.exception("the live test of the bound could not count an audit")
     return guard.watch, None
@@ -277,7 +277,7 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
     so its warnings are said once); by default it is prepared here.
     """
     prepared = prepared or prepare(settings)
-    model, use, in_force, stop = prepared.model, prepared.cascade, prepared.in_force, prepared.stop
+    model, use, in_force = prepared.model, prepared.cascade, prepared.in_force
     labeling = Labeling(
         labels=model.manifest.labels,
         aggregation=settings.aggregation,
@@ -286,21 +286,20 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
     )
     flow = Dataflow("kascade")
     docs, dead = ingest(flow, settings)
-    chunked = chunk(
-        "chunk",
-        docs,
-        model.tokenizer,
-        settings.chunking,
-        cut_at_limit=stop is not None,
-    )
     late_dead, outcomes = [], None
     if in_force is not None:
-        results, outcomes, cascade_dead = _cascaded(chunked.chunks, settings, prepared, in_force)
+        # The cascade chunks each document itself, only as far as it reads.
+        read = with_text("with_text", docs)
+        results, outcomes, cascade_dead = _cascaded(read.texts, settings, prepared, in_force)
+        empty = read.empty
         late_dead.append(cascade_dead)
     else:
+        chunked = chunk("chunk", docs, model.tokenizer, settings.chunking)
         everything = op.redistribute("spread", chunked.chunks)
         results = classify("classify", everything, model, settings.encoder, prepared.engine)
-    records = assemble("assemble", results, chunked.empty, labeling, outcomes)
+        empty = chunked.empty
+        late_dead.append(chunked.dead)
+    records = assemble("assemble", results, empty, labeling, outcomes)
     limit = settings.kafka.record_limit()
     writer = Writer(settings.output, settings.registry, settings.kafka.output_topic)
     serialized = op.map(
@@ -309,12 +308,12 @@ def build_flow(settings: Settings, prepared: Prepared | None = None) -> Dataflow
         lambda r: output_value(r, writer, max_bytes=limit, stage="serialize"),
     )
     unsendable, sendable = by_class("unsendable", serialized, DeadLetter)
-    deliver(sendable, op.merge("all_dead", dead, chunked.dead, unsendable, *late_dead), settings)
+    deliver(sendable, op.merge("all_dead", dead, unsendable, *late_dead), settings)
     return flow
 
 
 def _cascaded(
-    chunks: Stream[ChunkTask], settings: Settings, prepared: Prepared, in_force: Cascade
+    texts: Stream[Received], settings: Settings, prepared: Prepared, in_force: Cascade
 ) -> tuple[Stream[ChunkResult], Stream[Outcome], Stream[DeadLetter]]:
     """Chunks through the cheap stages, the rest (and the audits) through the full model:
     every chunk's result, how each document was read, and the dead letters the cascade
@@ -325,10 +324,11 @@ def _cascaded(
     model = prepared.model
     cheap = cascade(
         "cascade",
-        chunks,
+        texts,
         model,
         in_force,
         settings.cascade,
+        settings.chunking,
         settings.encoder.threads,
         prepared.engine,
         settings.aggregation,

@@ -1,7 +1,8 @@
 """Token chunks of a document: fixed-size windows with overlap, special tokens on each.
 
-The window arithmetic is the pure function :func:`windows`; :func:`chunk_text` applies
-it to a ``tokenizers`` encoding and keeps each chunk's character offsets.
+The window arithmetic is the pure function :func:`windows`; a :class:`Chunker` applies it
+to a text's tokens (:mod:`~kascade.operators.pieces`: tokenized only as far as a reader
+asks) and keeps each chunk's character offsets; :func:`chunk_text` makes them all.
 
 >>> windows(10, size=4, overlap=1)
 [(0, 4), (3, 7), (6, 10)]
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import bytewax.operators as op
 import numpy as np
@@ -21,6 +23,7 @@ from tokenizers import Tokenizer
 
 from kascade.operators import inflight, metrics
 from kascade.operators.items import ChunkTask, DocMeta
+from kascade.operators.pieces import TextTokens, piecewise
 from kascade.operators.streams import by_class
 from kascade.operators.validate import Received, failure
 from kascade.schemas import DeadLetter, DeadLetterReason
@@ -59,8 +62,7 @@ class Chunk:
     start_char: int
     end_char: int
     end_token: int  # the text's tokens (no special tokens) up to the end of this chunk
-    text_tokens: int  # tokens of the whole text
-    text_chunks: int  # chunks of the whole text (more than returned when cut at the limit)
+    text_tokens: int  # tokens of the whole text (0: not tokenized to its end yet)
 
     @property
     def n_tokens(self) -> int:
@@ -93,6 +95,89 @@ class ChunkLimitExceeded(ValueError):
     """A document needs more chunks than the configured per-document limit."""
 
 
+@dataclass(frozen=True)
+class Chunker:
+    """The run's chunking: one tokenizer, its special tokens, the chunk settings.
+
+    Chunk ``k`` of a text covers its tokens ``[k * step, k * step + room)`` (``room``:
+    ``max_tokens`` less the special tokens; ``step``: ``room`` less the overlap), the last
+    chunk ending with the text; :func:`windows` is the same arithmetic over a known
+    length. :meth:`chunk` makes one chunk, tokenizing the text only as far as it and the
+    knowledge of whether another follows need.
+    """
+
+    tokenizer: Tokenizer
+    max_tokens: int
+    overlap: int
+    specials: SpecialTokens
+    piecewise: bool = True
+
+    @classmethod
+    def of(cls, tokenizer: Tokenizer, max_tokens: int, overlap: int) -> Chunker:
+        specials = SpecialTokens.of(tokenizer)
+        room = max_tokens - len(specials)
+        if room < 1:
+            raise ValueError(f"max_tokens {max_tokens} leaves no room next to special tokens")
+        overlap = min(overlap, room - 1)
+        return cls(tokenizer, max_tokens, overlap, specials, piecewise(tokenizer))
+
+    @property
+    def room(self) -> int:
+        return self.max_tokens - len(self.specials)
+
+    @property
+    def step(self) -> int:
+        return self.room - self.overlap
+
+    def tokens(self, text: str) -> TextTokens:
+        """A text to read; empty or whitespace-only text has no chunks."""
+        return TextTokens(text if text.strip() else "")
+
+    def _ensure(self, t: TextTokens, n: int | None) -> None:
+        t.ensure(n, self.tokenizer, whole=not self.piecewise)
+
+    def exists(self, t: TextTokens, k: int) -> bool:
+        """Whether the text has a chunk ``k``."""
+        if k == 0:
+            self._ensure(t, 0)
+            return bool(t.ids)
+        # Chunk k exists where chunk k-1 did not reach the end of the text.
+        self._ensure(t, (k - 1) * self.step + self.room)
+        return len(t.ids) > (k - 1) * self.step + self.room
+
+    def chunk(self, t: TextTokens, k: int) -> Chunk:
+        """Chunk ``k`` (which must exist); its ``text_tokens`` are the whole text's where it
+        is tokenized to its end, else 0."""
+        a = k * self.step
+        self._ensure(t, a + self.room)
+        b = min(a + self.room, len(t.ids))
+        if b <= a:
+            raise IndexError(f"the text has no chunk {k}")
+        return Chunk(
+            index=k,
+            ids=np.asarray([*self.specials.prefix, *t.ids[a:b], *self.specials.suffix], np.int64),
+            start_char=t.offsets[a][0],
+            end_char=t.offsets[b - 1][1],
+            end_token=b,
+            text_tokens=len(t.ids) if t.complete else 0,
+        )
+
+    def count(self, t: TextTokens) -> int:
+        """The text's chunks, tokenizing it to its end."""
+        self._ensure(t, None)
+        return len(windows(len(t.ids), size=self.room, overlap=self.overlap))
+
+    def all(self, text: str, max_chunks: int) -> list[Chunk]:
+        """Every chunk of ``text``: :func:`chunk_text`."""
+        t = self.tokens(text)
+        n = self.count(t)
+        if n > max_chunks:
+            raise ChunkLimitExceeded(
+                f"{len(t.ids)} tokens make {n} chunks; the limit is {max_chunks}"
+            )
+        return [self.chunk(t, k) for k in range(n)]
+
+
 def chunk_text(
     text: str,
     tokenizer: Tokenizer,
@@ -101,87 +186,43 @@ def chunk_text(
     overlap: int,
     max_chunks: int,
     specials: SpecialTokens | None = None,
-    cut_at_limit: bool = False,
 ) -> list[Chunk]:
     """Chunks of ``text`` of at most ``max_tokens`` ids each (special tokens included).
 
     Empty or whitespace-only text has no chunks. A document needing more than
     ``max_chunks`` chunks raises :class:`ChunkLimitExceeded` (so it can be dead-lettered
-    with its reason rather than silently truncated), or with ``cut_at_limit`` gives its
-    first ``max_chunks`` (for a reader that may stop before the limit).
+    with its reason rather than silently truncated).
     """
-    specials = specials or SpecialTokens.of(tokenizer)
-    room = max_tokens - len(specials)
-    if room < 1:
-        raise ValueError(f"max_tokens {max_tokens} leaves no room next to special tokens")
-    if not text.strip():
-        return []
-    enc = tokenizer.encode(text, add_special_tokens=False)
-    spans = windows(len(enc.ids), size=room, overlap=min(overlap, room - 1))
-    if len(spans) > max_chunks and not cut_at_limit:
-        raise ChunkLimitExceeded(
-            f"{len(enc.ids)} tokens make {len(spans)} chunks; the limit is {max_chunks}"
-        )
-    ids = np.asarray(enc.ids, dtype=np.int64)
-    offsets = enc.offsets  # a new list of every token's offsets on each access: read once
-    prefix = np.asarray(specials.prefix, dtype=np.int64)
-    suffix = np.asarray(specials.suffix, dtype=np.int64)
-    return [
-        Chunk(
-            index=i,
-            ids=np.concatenate([prefix, ids[a:b], suffix]),
-            start_char=offsets[a][0],
-            end_char=offsets[b - 1][1],
-            end_token=b,
-            text_tokens=len(enc.ids),
-            text_chunks=len(spans),
-        )
-        for i, (a, b) in enumerate(spans[:max_chunks])
-    ]
+    chunker = Chunker.of(tokenizer, max_tokens, overlap)
+    if specials is not None:
+        chunker = dataclasses.replace(chunker, specials=specials)
+    return chunker.all(text, max_chunks)
 
 
-def _over_limit(
-    r: Received, meta: DocMeta, read: int, max_chunks: int, stage: str
-) -> DeadLetter | None:
-    """The too_long dead letter a document cut at the limit carries, sent if reading its
-    first ``read`` chunks does not stop."""
-    if not meta.text_chunks or meta.text_chunks <= read:
-        return None
-    return r.dead_letter(
-        DeadLetterReason.TOO_LONG,
-        f"{meta.text_tokens} tokens make {meta.text_chunks} chunks; the limit is"
-        f" {max_chunks}, and reading its first {read} did not make the label certain",
-        stage,
+def meta_of(r: Received, **known: Any) -> DocMeta:
+    """The metadata a document's chunks carry, with what is ``known`` of its tokens."""
+    return DocMeta(
+        id=r.doc.id,
+        total_chunks=known.pop("total_chunks", 0),
+        lang=r.doc.lang,
+        metadata=r.doc.metadata,
+        timestamp_ms=r.timestamp_ms,
+        source=r.position,
+        envelope=r.envelope,
+        **known,
     )
 
 
 def split(
-    r: Received,
-    tokenizer: Tokenizer,
-    specials: SpecialTokens,
-    settings: ChunkSettings,
-    *,
-    stage: str,
-    cut_at_limit: bool = False,
+    r: Received, chunker: Chunker, settings: ChunkSettings, *, stage: str
 ) -> list[ChunkTask | DocMeta | DeadLetter]:
-    """A document's chunks, its metadata alone (no tokens), or a dead letter; never raises.
-
-    With ``cut_at_limit`` a text longer than ``settings.max_chunks`` chunks is cut there,
-    its first chunk carrying the too_long dead letter that is sent if reading does not
-    stop before the limit.
+    """A document's chunks, its metadata alone (no tokens), or a dead letter (a text
+    longer than ``settings.max_chunks`` chunks, a tokenizer that rejects it); never raises.
     """
     metrics.DOCS_IN.inc()
     with metrics.STAGE_SECONDS.labels("chunk").time(), inflight.inside(r.position, stage):
         try:
-            chunks = chunk_text(
-                r.doc.text,
-                tokenizer,
-                max_tokens=settings.max_tokens,
-                overlap=settings.overlap,
-                max_chunks=settings.max_chunks,
-                specials=specials,
-                cut_at_limit=cut_at_limit,
-            )
+            chunks = chunker.all(r.doc.text, settings.max_chunks)
         except ChunkLimitExceeded as e:
             return [r.dead_letter(DeadLetterReason.TOO_LONG, str(e), stage)]
         except (KeyboardInterrupt, SystemExit):
@@ -190,20 +231,15 @@ def split(
             # A tokenizer that rejects a string rejects one record; a panic in its Rust
             # code reaches Python as pyo3's PanicException, a BaseException.
             return [r.dead_letter(DeadLetterReason.PROCESSING, failure(e), stage)]
-    meta = DocMeta(
-        id=r.doc.id,
+    first = meta_of(
+        r,
         total_chunks=len(chunks),
-        lang=r.doc.lang,
-        metadata=r.doc.metadata,
-        timestamp_ms=r.timestamp_ms,
-        source=r.position,
         text_tokens=chunks[0].text_tokens if chunks else 0,
-        text_chunks=chunks[0].text_chunks if chunks else 0,
+        text_chars=len(r.doc.text),
     )
-    over = _over_limit(r, meta, len(chunks), settings.max_chunks, stage)
-    first = dataclasses.replace(meta, envelope=r.envelope, over_limit=over)
     if not chunks:
         return [first]
+    meta = dataclasses.replace(first, envelope=None)
     metrics.CHUNKS_IN.inc(len(chunks))
     return [
         ChunkTask(first if c.index == 0 else meta, c.index, c.ids, c.n_tokens, c.end_token)
@@ -222,20 +258,38 @@ class ChunkOut:
 
 @operator
 def chunk(
-    step_id: str,
-    up: Stream[Received],
-    tokenizer: Tokenizer,
-    settings: ChunkSettings,
-    cut_at_limit: bool = False,
+    step_id: str, up: Stream[Received], tokenizer: Tokenizer, settings: ChunkSettings
 ) -> ChunkOut:
     """Split each document into :class:`ChunkTask` items with the run's ``tokenizer``
-    (the model's, loaded once per process with it)."""
-    specials = SpecialTokens.of(tokenizer)
+    (the model's, loaded once per process with it): every chunk, for a flow that reads
+    them all (a cascade reads its documents' chunks itself, only as far as it needs)."""
+    chunker = Chunker.of(tokenizer, settings.max_tokens, settings.overlap)
 
     def split_one(r: Received) -> list[ChunkTask | DocMeta | DeadLetter]:
-        return split(r, tokenizer, specials, settings, stage=step_id, cut_at_limit=cut_at_limit)
+        return split(r, chunker, settings, stage=step_id)
 
     items = op.flat_map("split", up, split_one)
     chunks, rest = by_class("is_chunk", items, ChunkTask)
     empty, dead = by_class("is_empty", rest, DocMeta)
     return ChunkOut(chunks=chunks, empty=empty, dead=dead)
+
+
+@dataclass(frozen=True)
+class TextOut:
+    """Documents with text to read, and the metadata of those without."""
+
+    texts: Stream[Received]
+    empty: Stream[DocMeta]
+
+
+@operator
+def with_text(step_id: str, up: Stream[Received]) -> TextOut:
+    """Documents with text to read, and the metadata of those without (empty or
+    whitespace only: labeled without a chunk), for a reader that chunks them itself."""
+
+    def blank(r: Received) -> DocMeta:
+        metrics.DOCS_IN.inc()
+        return meta_of(r, text_chars=len(r.doc.text))
+
+    split_blank = op.branch("is_blank", up, lambda r: not r.doc.text.strip())
+    return TextOut(split_blank.falses, op.map("no_text", split_blank.trues, blank))

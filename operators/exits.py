@@ -20,7 +20,7 @@ from kascade.operators.audits import audit_pick
 from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
 from kascade.operators.reading import stop_label
 from kascade.operators.verdicts import CascadeState, Verdict
-from kascade.schemas import Aggregation, Reading, Stage, StopReason
+from kascade.schemas import Aggregation, Reading, Stage
 from kascade.schemas.cascade import StopRule
 
 Decided = list[ChunkResult | Escalation | Outcome]
@@ -32,17 +32,9 @@ def stop_reached(stop: StopRule, s: CascadeState, strategy: Aggregation) -> bool
     return stop_label(stop, seen, strategy) is not None
 
 
-def certified_stop(s: CascadeState, text_chunks: int, audit_fraction: float) -> Decided:
+def certified_stop(s: CascadeState, reading: Reading, audit_fraction: float) -> Decided:
     """Results for the chunks read before a certified stop; uncertain ones among them
     keep their cheap estimate (the stop's label does not depend on them)."""
-    last = s.tasks[s.read - 1]
-    reading = Reading(
-        chunks_read=s.read,
-        chunks_total=text_chunks,
-        tokens_read=last.end_token,
-        tokens_total=s.meta.text_tokens,
-        stopped=StopReason.CERTAIN,
-    )
     out: Decided = [Outcome(s.meta, reading, s.suspended)]
     for i, v in sorted(s.verdicts.items()):
         t = s.tasks[i]
@@ -53,7 +45,9 @@ def certified_stop(s: CascadeState, text_chunks: int, audit_fraction: float) -> 
     return out
 
 
-def read_all(s: CascadeState, strategy: Aggregation, audit_fraction: float) -> Decided:
+def read_all(
+    s: CascadeState, reading: Reading, strategy: Aggregation, audit_fraction: float
+) -> Decided:
     """Every chunk read: settle, skip or escalate them (document-level early exit)."""
     settled = {i: v for i, v in s.verdicts.items() if v.stage != Stage.UNCERTAIN}
     uncertain = {i: v for i, v in s.verdicts.items() if v.stage == Stage.UNCERTAIN}
@@ -65,7 +59,7 @@ def read_all(s: CascadeState, strategy: Aggregation, audit_fraction: float) -> D
         np.asarray([float(s.tasks[i].n_tokens) for i in known]),
         [float(s.tasks[i].n_tokens) for i in uncertain],
     )
-    out: Decided = [Outcome(s.meta, None, s.suspended)]
+    out: Decided = [Outcome(s.meta, reading, s.suspended)]
     for i, v in sorted(settled.items()):
         t = s.tasks[i]
         out.append(ChunkResult(t.doc, i, t.n_tokens, v.probs, stage=v.stage))

@@ -69,28 +69,29 @@ class Outgoing:
     origin: SourcePosition | None = None
 
 
+def unit_of(position: SourcePosition | None, doc_id: str) -> str:
+    """The key of a record's document in every keyed step (:attr:`DocMeta.unit`)."""
+    # Without a position (a test's hand-made record) the id is all there is.
+    return f"id:{doc_id}" if position is None else position.key
+
+
 @dataclass(frozen=True)
 class DocMeta:
     """What the reduce step needs to know about a document, carried with each chunk."""
 
     id: str
-    total_chunks: int  # chunks made and sent (the text's first ``chunking.max_chunks``)
+    # The text's chunks: all of them once it is tokenized to its end; while a certified
+    # stop reads it (tokenizing only as far as it reads), those made so far and one more
+    # where another follows: enough for its length bucket (one chunk, or more).
+    total_chunks: int
     lang: str | None
     metadata: dict[str, Any] | None
     timestamp_ms: int | None
     source: SourcePosition | None = None  # where the document was read, for dead letters
     # Only the first chunk carries it, so a large event is not copied with every chunk.
     envelope: Envelope | None = None
-    text_tokens: int = 0
-    text_chunks: int | None = None  # None: total_chunks, the whole text
-    # A text longer than the chunk limit, cut there for a reader that may stop before it:
-    # its too_long dead letter, sent if the stop does not come (first chunk only).
-    over_limit: DeadLetter | None = None
-
-    @property
-    def chunks_of_text(self) -> int:
-        """The whole text's chunks (more than were sent where the text was cut)."""
-        return self.total_chunks if self.text_chunks is None else self.text_chunks
+    text_tokens: int = 0  # the text's tokens, where it is tokenized to its end
+    text_chars: int = 0
 
     @property
     def unit(self) -> str:
@@ -102,14 +103,13 @@ class DocMeta:
         ...         offset=9)).unit
         't:2:9'
         """
-        # Without a position (a test's hand-made record) the id is all there is.
-        return f"id:{self.id}" if self.source is None else self.source.key
+        return unit_of(self.source, self.id)
 
 
 @dataclass(frozen=True)
 class Outcome:
-    """How the cascade read one document, sent once when it is decided: how far (a
-    certified stop's :class:`Reading`; ``None``: every chunk) and whether the live test
+    """How the cascade read one document, sent once when it is decided: how far
+    (``None``: every chunk, as the metadata counts them) and whether the live test
     had suspended the cheap stages for any of its chunks (:mod:`.guarantee`)."""
 
     doc: DocMeta

@@ -30,7 +30,13 @@ CHUNKS_SETTLED = Counter(
 )
 TOKENS = Counter(
     "kascade_tokens_total",
-    "Tokens of labeled documents: read, or skipped by a certified document stop",
+    "Tokens of labeled documents: read, or skipped by a certified document stop (counted"
+    " where the text was tokenized to its end; a stop tokenizes only what it reads)",
+    ["reading"],
+)
+CHARS = Counter(
+    "kascade_text_chars_total",
+    "Characters of labeled documents: read, or skipped by a certified document stop",
     ["reading"],
 )
 AUDITS = Counter("kascade_audits_total", "Settled chunks re-checked by the full model", ["agree"])

@@ -121,6 +121,8 @@ def reading_of(meta: DocMeta, outcome: Outcome | None = None) -> Reading:
         chunks_total=meta.total_chunks,
         tokens_read=meta.text_tokens,
         tokens_total=meta.text_tokens,
+        chars_read=meta.text_chars,
+        chars_total=meta.text_chars,
         stopped=StopReason.END,
     )
 
@@ -153,7 +155,9 @@ def label_document(
             settled_s1=stages[Stage.S1],
             full_model=stages[Stage.FULL],
             skipped=stages[Stage.SKIPPED],
-            unread=reading.chunks_total - reading.chunks_read,
+            unread=None
+            if reading.chunks_total is None
+            else reading.chunks_total - reading.chunks_read,
             failed=sum(1 for r in results if r.error),
         ),
         model=labeling.model,
@@ -212,9 +216,14 @@ def labeled(
     outcome: Outcome | None = None,
 ) -> Labeled:
     record = label_or_degraded(meta, results, labeling, now_ms, outcome)
-    if record.reading is not None:
-        metrics.TOKENS.labels("read").inc(record.reading.tokens_read)
-        metrics.TOKENS.labels("skipped").inc(record.reading.skipped_tokens)
+    reading = record.reading
+    if reading is not None:
+        metrics.TOKENS.labels("read").inc(reading.tokens_read)
+        if reading.skipped_tokens is not None:
+            metrics.TOKENS.labels("skipped").inc(reading.skipped_tokens)
+        if reading.chars_read is not None and reading.skipped_chars is not None:
+            metrics.CHARS.labels("read").inc(reading.chars_read)
+            metrics.CHARS.labels("skipped").inc(reading.skipped_chars)
     return Labeled(record, meta.envelope)
 
 

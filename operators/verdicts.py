@@ -18,7 +18,8 @@ from kascade.operators import metrics
 from kascade.operators.audits import audit_pick
 from kascade.operators.calibration import Cascade, on_topic_of, pooled
 from kascade.operators.encoder import Encoder
-from kascade.operators.items import ChunkTask, DocMeta
+from kascade.operators.items import ChunkTask, DocMeta, Origin
+from kascade.operators.pieces import TextTokens
 from kascade.operators.reading import Seen
 from kascade.schemas import Stage
 
@@ -46,15 +47,18 @@ class Verdict:
 
 @dataclass
 class CascadeState:
-    """One document: the chunks that arrived, and the cheap verdicts of those read so far
-    (in order: chunk ``i`` is read only after chunks ``0..i-1``)."""
+    """One document: its text, tokenized as far as it is read, the chunks made of it, and
+    the cheap verdicts of those read so far (in order: chunk ``i`` is read only after
+    chunks ``0..i-1``)."""
 
     meta: DocMeta
     tasks: dict[int, ChunkTask] = field(default_factory=dict)
     verdicts: dict[int, Verdict] = field(default_factory=dict)
-    arrived: set[int] = field(default_factory=set)
-    decided: bool = False  # labeled or escalated: later arrivals are not read
+    arrived: set[int] = field(default_factory=set)  # kept for snapshots that have it
+    decided: bool = False  # labeled, escalated or dead-lettered: reading is over
     suspended: bool = False  # a chunk was read while the live test suspended the stages
+    text: TextTokens | None = None
+    origin: Origin | None = None  # the input record, for its dead letters
 
     @property
     def read(self) -> int:
@@ -68,7 +72,7 @@ def cheap_stages(encoder: Encoder, cascade: Cascade, audit_fraction: float) -> C
     """S0 then S1 on one chunk, with the real graphs and heads."""
 
     def run(task: ChunkTask) -> Verdict:
-        t0, t1 = cascade.thresholds(task.doc.lang, task.doc.chunks_of_text)
+        t0, t1 = cascade.thresholds(task.doc.lang, task.doc.total_chunks)
         ids = task.ids.reshape(1, -1)
         mask = np.ones_like(ids)
         with metrics.STAGE_SECONDS.labels(Stage.S0).time():

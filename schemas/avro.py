@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import types
 from enum import Enum
-from typing import Any, Union, get_args, get_origin
+from typing import Annotated, Any, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -42,6 +42,8 @@ def _record(model: type[BaseModel], namespace: str, named: set[str]) -> Any:
 
 def _type(annotation: Any, namespace: str, named: set[str]) -> Any:
     origin = get_origin(annotation)
+    if origin is Annotated:  # a constrained type (NonNegativeInt): Avro keeps the base type
+        return _type(get_args(annotation)[0], namespace, named)
     if origin in (Union, types.UnionType):
         members = [a for a in get_args(annotation) if a is not type(None)]
         if len(members) != 1:

@@ -68,7 +68,10 @@ class ChunkCounts(BaseModel):
 
     model_config = _FROZEN_STRICT
 
-    total: NonNegativeInt
+    total: NonNegativeInt | None = Field(
+        description="Chunks of the whole text (null where a certified stop came before the"
+        " text was tokenized to its end)."
+    )
     settled_s0: NonNegativeInt = Field(
         default=0, description="Settled by the head on mean input embeddings."
     )
@@ -83,9 +86,10 @@ class ChunkCounts(BaseModel):
         default=0,
         description="Chunks never classified because the document label was already decided.",
     )
-    unread: NonNegativeInt = Field(
+    unread: NonNegativeInt | None = Field(
         default=0,
-        description="Chunks never read: a certified stop knew the label before them.",
+        description="Chunks never read: a certified stop knew the label before them (null"
+        " where it came before the text was tokenized to its end).",
     )
 
 
@@ -99,25 +103,52 @@ class StopReason(StrEnum):
 class Reading(BaseModel):
     """How much of a document was read to label it, of how much there was.
 
+    A certified stop tokenizes the text only as far as it reads, so the totals in tokens
+    and chunks are known only where reading reached the end of the text (``None``
+    otherwise); the totals in characters always are.
+
     >>> Reading(chunks_read=2, chunks_total=20, tokens_read=478, tokens_total=4700,
     ...         stopped="certain").skipped_tokens
     4222
+    >>> Reading(chunks_read=2, tokens_read=478, chars_read=2100, chars_total=21000,
+    ...         stopped="certain").skipped_chars
+    18900
     """
 
     model_config = _FROZEN_STRICT
 
     chunks_read: NonNegativeInt
-    chunks_total: NonNegativeInt = Field(description="Chunks of the whole text.")
+    chunks_total: NonNegativeInt | None = Field(
+        default=None,
+        description="Chunks of the whole text; null where a certified stop came before the"
+        " text was tokenized to its end.",
+    )
     tokens_read: NonNegativeInt = Field(
         description="Tokens of the text up to the end of the last chunk read (special tokens"
         " and overlaps not counted)."
     )
-    tokens_total: NonNegativeInt = Field(description="Tokens of the whole text.")
+    tokens_total: NonNegativeInt | None = Field(
+        default=None,
+        description="Tokens of the whole text; null where a certified stop came before the"
+        " text was tokenized to its end.",
+    )
+    chars_read: NonNegativeInt | None = Field(
+        default=None, description="Characters of the text up to the end of the last chunk read."
+    )
+    chars_total: NonNegativeInt | None = Field(
+        default=None, description="Characters of the whole text."
+    )
     stopped: StopReason
 
     @property
-    def skipped_tokens(self) -> int:
-        return self.tokens_total - self.tokens_read
+    def skipped_tokens(self) -> int | None:
+        return None if self.tokens_total is None else self.tokens_total - self.tokens_read
+
+    @property
+    def skipped_chars(self) -> int | None:
+        if self.chars_total is None or self.chars_read is None:
+            return None
+        return self.chars_total - self.chars_read
 
 
 class ModelIdentity(BaseModel):

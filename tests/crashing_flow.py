@@ -11,21 +11,21 @@ import signal
 import sys
 
 from kascade.dataflow import flow
-from kascade.operators import chunking
+from kascade.operators import pieces
 
 MARK = "KILL-THIS-WORKER"
 _REAL_BUILD = flow.build_flow  # before __main__ replaces it
 
 
 def build(settings, prepared=None):
-    real = chunking.chunk_text
+    real = pieces.tokens_of
 
-    def chunk_text(text: str, *args, **kwargs):
+    def tokens_of(tokenizer, text: str):
         if MARK in text:
             os.kill(os.getpid(), signal.SIGKILL)
-        return real(text, *args, **kwargs)
+        return real(tokenizer, text)
 
-    chunking.chunk_text = chunk_text
+    pieces.tokens_of = tokens_of
     return _REAL_BUILD(settings, prepared)
 
 

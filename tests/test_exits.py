@@ -9,7 +9,7 @@ from kascade.operators.exits import certified_stop, read_all, stop_reached
 from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
 from kascade.operators.turns import Turns
 from kascade.operators.verdicts import CascadeState, Verdict
-from kascade.schemas import Aggregation, StopReason
+from kascade.schemas import Aggregation, Reading, StopReason
 from kascade.schemas.cascade import StopRule
 
 META = DocMeta(id="d", total_chunks=4, lang=None, metadata=None, timestamp_ms=None, text_tokens=400)
@@ -23,13 +23,17 @@ def state(*verdicts: Verdict, suspended: bool = False) -> CascadeState:
     return s
 
 
+TO_THE_END = Reading(
+    chunks_read=2, chunks_total=2, tokens_read=200, tokens_total=200, stopped=StopReason.END
+)
 SURE_B = Verdict("s1", np.array([0.05, 0.95]))
 UNSURE = Verdict("uncertain", np.array([0.45, 0.55]), np.zeros(1))
 
 
 def test_the_certified_stop_says_how_far_it_read_first_and_keeps_cheap_estimates() -> None:
     s = state(SURE_B, UNSURE)
-    out = certified_stop(s, text_chunks=4, audit_fraction=0.0)
+    reading = Reading(chunks_read=2, tokens_read=200, stopped=StopReason.CERTAIN)
+    out = certified_stop(s, reading, audit_fraction=0.0)
     assert isinstance(out[0], Outcome) and out[0].reading is not None
     assert out[0].reading.stopped is StopReason.CERTAIN
     assert (out[0].reading.chunks_read, out[0].reading.tokens_read) == (2, 200)
@@ -46,18 +50,20 @@ def test_a_stop_rule_is_reached_only_when_the_verdicts_read_make_the_label_certa
 
 
 def test_reading_everything_escalates_an_uncertain_chunk_that_could_change_the_label() -> None:
-    out = read_all(state(SURE_B, UNSURE), Aggregation.TOKEN_MEAN, audit_fraction=0.0)
-    assert isinstance(out[0], Outcome) and out[0].reading is None
+    out = read_all(state(SURE_B, UNSURE), TO_THE_END, Aggregation.TOKEN_MEAN, audit_fraction=0.0)
+    assert isinstance(out[0], Outcome) and out[0].reading is TO_THE_END
     assert [type(x) for x in out[1:]] == [ChunkResult, Escalation]
 
 
 def test_the_outcome_says_when_the_live_test_had_suspended_the_cheap_stages() -> None:
-    out = read_all(state(UNSURE, suspended=True), Aggregation.TOKEN_MEAN, audit_fraction=0.0)
+    out = read_all(
+        state(UNSURE, suspended=True), TO_THE_END, Aggregation.TOKEN_MEAN, audit_fraction=0.0
+    )
     assert isinstance(out[0], Outcome) and out[0].suspended
 
 
 def test_every_settled_chunk_is_audited_at_fraction_one() -> None:
-    out = read_all(state(SURE_B, SURE_B), Aggregation.TOKEN_MEAN, audit_fraction=1.0)
+    out = read_all(state(SURE_B, SURE_B), TO_THE_END, Aggregation.TOKEN_MEAN, audit_fraction=1.0)
     audits = [x for x in out if isinstance(x, Escalation)]
     assert [(a.task.index, a.audit_of) for a in audits] == [(0, 1), (1, 1)]
 

@@ -9,11 +9,12 @@ import random
 
 import numpy as np
 import pytest
+from helpers import word_chunker, word_doc
 
 from kascade.operators import metrics
 from kascade.operators.cascade import CascadeLogic
 from kascade.operators.guarantee import BoundTest, Guard, Watch
-from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
 from kascade.operators.reduce import Labeling, label_document
 from kascade.operators.verdicts import Verdict
 from kascade.schemas import Aggregation, CascadeUse, ModelIdentity
@@ -97,7 +98,6 @@ def test_with_alert_only_the_cascade_goes_on_after_a_violation() -> None:
 
 
 def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_says_so() -> None:
-    meta = DocMeta(id="d", total_chunks=2, lang="en", metadata=None, timestamp_ms=None)
     calls = []
 
     def cheap(t: ChunkTask) -> Verdict:
@@ -106,11 +106,13 @@ def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_
 
     guard = Guard(Watch(epsilon=0.02, delta=0.05), suspend=True, scopes={"all"})
     logic = CascadeLogic(
-        cheap, Aggregation.TOKEN_MEAN, suspends=lambda doc: guard.suspends(doc.lang)
+        cheap,
+        word_chunker(10),
+        256,
+        Aggregation.TOKEN_MEAN,
+        suspends=lambda doc: guard.suspends(doc.lang),
     )
-    out = []
-    for i in range(2):
-        out += logic.on_item(ChunkTask(meta, i, np.arange(10), 10))[0]
+    out = logic.on_item(word_doc("d", 20, lang="en"))[0]
     assert calls == []  # not even S0
     outcome, escalated = out[0], out[1:]
     assert isinstance(outcome, Outcome) and outcome.suspended
@@ -125,7 +127,7 @@ def test_a_suspended_cascade_sends_every_chunk_to_the_full_model_and_the_record_
         model=ModelIdentity(name="x", variant="fp32", manifest_sha256="0" * 64),
         cascade=CascadeUse.ON,
     )
-    record = label_document(meta, results, labeling, now_ms=0, outcome=outcome)
+    record = label_document(outcome.doc, results, labeling, now_ms=0, outcome=outcome)
     assert record.cascade is CascadeUse.SUSPENDED and record.chunks.full_model == 2
 
 

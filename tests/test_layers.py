@@ -90,7 +90,7 @@ ORDER = {
     "kascade.operators": [
         *("items", "streams", "metrics", "inflight"),  # what travels, and how it is watched
         *("registry", "mapping", "formats", "validate"),  # reading events
-        *("backends", "encoder", "chunking"),  # the model's graphs and tokens
+        *("backends", "encoder", "pieces", "chunking"),  # the model's graphs and tokens
         *("aggregation", "reading", "turns", "audits", "calibration", "verdicts", "exits"),
         "guarantee",
         *("full_model", "cascade", "reduce", "serialize"),  # the steps that compose them

@@ -17,11 +17,11 @@ from hypothesis import strategies as st
 
 from kascade.operators.calibration import Cascade
 from kascade.operators.cascade import CascadeLogic
-from kascade.operators.chunking import SpecialTokens, split
+from kascade.operators.chunking import Chunker, meta_of
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.operators.formats import Writer
 from kascade.operators.full_model import _classify_all
-from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outgoing
+from kascade.operators.items import ChunkResult, Escalation, Outgoing
 from kascade.operators.reduce import AssembleLogic, Labeled, Labeling, labeled
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.validate import Received, check
@@ -31,6 +31,7 @@ from kascade.schemas.events import OutputSettings, RegistrySettings
 from kascade.toolchain.calibrate import calibrate
 
 LIMIT = 50_000  # a small broker limit, so size handling is exercised too
+TM = Aggregation.TOKEN_MEAN
 MAX_TEXT = 60_000  # the input limit sits above the output limit: outputs can be too big
 
 
@@ -50,7 +51,7 @@ def pipeline(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         model=ModelIdentity(name="m", variant="v", manifest_sha256=model.manifest_sha256),
         cascade=CascadeUse.ON,
     )
-    specials = SpecialTokens.of(model.tokenizer)
+    chunker = Chunker.of(model.tokenizer, SMALL_CHUNKS.max_tokens, SMALL_CHUNKS.overlap)
     writer = Writer(OutputSettings(), RegistrySettings(), "out")
 
     def run(value: bytes | None, key: bytes | None = b"k") -> list[Outgoing]:
@@ -59,16 +60,15 @@ def pipeline(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
         if isinstance(first, DeadLetter):
             return [dead_letter_value(first, max_bytes=LIMIT)]
         assert isinstance(first, Received)
-        items = split(first, model.tokenizer, specials, SMALL_CHUNKS, stage="chunk")
-        out: list = [i for i in items if isinstance(i, DeadLetter)]
-        records: list[Labeled] = [
-            labeled(i, [], labeling, 0) for i in items if isinstance(i, DocMeta)
-        ]
-        tasks = [i for i in items if isinstance(i, ChunkTask)]
-        logic = CascadeLogic(cheap_stages(encoder, cascade, 0.5), Aggregation.TOKEN_MEAN, 0.5)
+        records: list[Labeled] = []
         decided: list = []
-        for t in tasks:
-            decided += logic.on_item(t)[0]
+        if not first.doc.text.strip():  # as the flow's is_blank step
+            records.append(labeled(meta_of(first), [], labeling, 0))
+        else:
+            stages = cheap_stages(encoder, cascade, 0.5)
+            logic = CascadeLogic(stages, chunker, SMALL_CHUNKS.max_chunks, TM, 0.5)
+            decided = logic.on_item(first)[0]
+        out: list = [x for x in decided if isinstance(x, DeadLetter)]
         escalated = [x for x in decided if isinstance(x, Escalation)]
         results = [x for x in decided if isinstance(x, ChunkResult)]
         results += [r for r in _classify_all(encoder, escalated, 1) if r.audit_of is None]

@@ -7,9 +7,10 @@ import dataclasses
 
 import numpy as np
 import pytest
+from helpers import word_chunker, word_doc
 
 from kascade.operators.cascade import CascadeLogic
-from kascade.operators.items import ChunkResult, ChunkTask, DocMeta, Escalation, Outcome
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
 from kascade.operators.reading import STOP_PATH, Seen, first_stop, stop_label
 from kascade.operators.reduce import AssembleLogic, Labeling
 from kascade.operators.verdicts import Verdict
@@ -119,14 +120,6 @@ def test_the_path_starts_conservative_and_ends_aggressive() -> None:
 
 # --- the cascade reading in order --------------------------------------------------------
 
-META = DocMeta(
-    id="doc", total_chunks=6, lang=None, metadata=None, timestamp_ms=None, text_tokens=600
-)
-
-
-def task(i: int, meta: DocMeta = META) -> ChunkTask:
-    return ChunkTask(meta, i, np.arange(100), 100, end_token=100 * (i + 1))
-
 
 class Stages:
     def __init__(self, verdicts: list[Verdict]) -> None:
@@ -137,16 +130,17 @@ class Stages:
         return self.verdicts[t.index]
 
 
-def clear_doc() -> Stages:
-    return Stages([Verdict("s1", B)] * 6)
+def clear_doc(chunks: int = 6) -> Stages:
+    return Stages([Verdict("s1", B)] * chunks)
 
 
-def feed(logic: CascadeLogic, order: list[int], meta: DocMeta = META) -> list:
-    out = []
-    for i in order:
-        items, _ = logic.on_item(task(i, meta))
-        out += items
-    return out
+def reader(stages: Stages, max_chunks: int = 256, **kw) -> CascadeLogic:
+    """The cascade over texts of words, 100 tokens a chunk (:func:`helpers.word_chunker`)."""
+    return CascadeLogic(stages, word_chunker(100), max_chunks, TM, **kw)
+
+
+def read(logic: CascadeLogic, words: int = 600) -> list:
+    return logic.on_item(word_doc("doc", words))[0]
 
 
 def outcome_of(out: list) -> tuple[Outcome | None, list]:
@@ -156,47 +150,51 @@ def outcome_of(out: list) -> tuple[Outcome | None, list]:
     return (outcomes[0] if outcomes else None), [x for x in out if not isinstance(x, Outcome)]
 
 
-def test_a_clear_document_stops_and_the_rest_is_never_computed() -> None:
-    stages = clear_doc()
-    logic = CascadeLogic(stages, TM, stop=TWO)
-    outcome, out = outcome_of(feed(logic, list(range(6))))
+def test_a_clear_document_stops_and_the_rest_is_never_computed_nor_tokenized() -> None:
+    stages = clear_doc(60)
+    logic = reader(stages, stop=TWO)
+    outcome, out = outcome_of(read(logic, 6000))
     assert stages.read == [0, 1]
     assert [(r.index, r.stage) for r in out] == [(0, "s1"), (1, "s1")]
     assert outcome is not None and not outcome.suspended
     reading = outcome.reading
     assert reading is not None and reading.stopped is StopReason.CERTAIN
-    assert (reading.chunks_read, reading.chunks_total) == (2, 6)
-    assert (reading.tokens_read, reading.tokens_total) == (200, 600)
-    assert logic.state is not None and logic.state.decided
+    assert (reading.chunks_read, reading.tokens_read) == (2, 200)
+    # The text was tokenized as far as the two chunks and the sight of a third, no further:
+    # its totals in tokens and chunks are not known; in characters they are.
+    assert logic.state is not None and 200 < len(logic.state.text.ids) < 1000
+    assert (reading.chunks_total, reading.tokens_total) == (None, None)
+    assert (reading.chars_read, reading.chars_total) == (2 * 200 - 1, 2 * 6000 - 1)
+    assert logic.state.decided
 
 
-def test_the_state_is_dropped_only_when_every_chunk_has_arrived() -> None:
-    logic = CascadeLogic(clear_doc(), TM, stop=TWO)
-    for i in range(5):
-        assert logic.on_item(task(i))[1] is CascadeLogic.RETAIN
-    assert logic.on_item(task(5)) == ([], CascadeLogic.DISCARD)
+def test_a_stop_reports_the_totals_where_reading_reached_the_end_of_the_text() -> None:
+    outcome, _ = outcome_of(read(reader(clear_doc(3), stop=TWO), 250))
+    assert outcome is not None and outcome.reading is not None
+    assert outcome.reading.stopped is StopReason.CERTAIN
+    assert (outcome.reading.chunks_total, outcome.reading.tokens_total) == (3, 250)
 
 
-def test_chunks_arriving_out_of_order_are_read_in_order() -> None:
-    stages = clear_doc()
-    logic = CascadeLogic(stages, TM, stop=TWO)
-    assert feed(logic, [2, 1]) == []
-    outcome, out = outcome_of(feed(logic, [0]))
-    assert stages.read == [0, 1] and len(out) == 2 and outcome is not None
+def test_the_state_is_dropped_once_the_document_is_decided() -> None:
+    logic = reader(clear_doc(), stop=TWO, turn=1)
+    assert logic.on_item(word_doc("doc", 600))[1] is CascadeLogic.RETAIN  # one chunk read
+    assert logic.on_notify()[1] is CascadeLogic.DISCARD  # the second: the stop
 
 
 def test_uncertain_chunks_read_before_a_stop_keep_their_cheap_estimate() -> None:
     stages = Stages([Verdict("uncertain", MILD_A)] + [Verdict("s0", A)] * 5)
-    _, out = outcome_of(feed(CascadeLogic(stages, TM, stop=TWO), list(range(6))))
+    _, out = outcome_of(read(reader(stages, stop=TWO)))
     assert [(r.index, r.stage) for r in out] == [(0, "skipped"), (1, "s0"), (2, "s0")]
     assert not any(isinstance(x, Escalation) for x in out)
 
 
 def test_without_a_stop_every_chunk_is_read_and_uncertain_ones_escalated() -> None:
     stages = Stages([Verdict("s1", B)] * 5 + [Verdict("uncertain", A, np.zeros(1))])
-    outcome, out = outcome_of(feed(CascadeLogic(stages, TM), list(range(6))))
+    outcome, out = outcome_of(read(reader(stages)))
     assert stages.read == list(range(6))
-    assert outcome is not None and outcome.reading is None  # read to the end
+    assert outcome is not None and outcome.reading is not None
+    assert outcome.reading.stopped is StopReason.END  # read to the end
+    assert (outcome.reading.chunks_total, outcome.reading.tokens_total) == (6, 600)
     assert len(out) == 6  # a result or an escalation for every chunk
 
 
@@ -204,48 +202,66 @@ def test_replay_after_a_restart_reads_the_same_chunks_and_gives_the_same_results
     verdicts = [Verdict("uncertain", MILD_A), Verdict("s0", B), Verdict("s1", B)] + [
         Verdict("s1", B)
     ] * 3
-    straight = feed(CascadeLogic(Stages(verdicts), TM, stop=TWO), list(range(6)))
-    first = CascadeLogic(Stages(verdicts), TM, stop=TWO)
-    feed(first, [0, 1])
+    straight = read(reader(Stages(verdicts), stop=TWO))
+    first = reader(Stages(verdicts), stop=TWO, turn=1)
+    read(first)
+    first.on_notify()  # chunks 0 and 1 read before the snapshot
     resumed_stages = Stages(verdicts)
-    resumed = CascadeLogic(resumed_stages, TM, stop=TWO, state=first.snapshot())
-    again = feed(resumed, [0, 1, 2, 3, 4, 5])  # the input replayed from the snapshot
-    assert resumed_stages.read == [2]  # chunks 0 and 1 were read before the snapshot
+    resumed = reader(resumed_stages, stop=TWO, turn=1, state=first.snapshot())
+    again = read(resumed)  # the input replayed from the snapshot
+    while resumed.notify_at() is not None:
+        again += resumed.on_notify()[0]
+    assert resumed_stages.read == [2]
     (was, straight), (now, again) = outcome_of(straight), outcome_of(again)
     assert [(r.index, r.stage) for r in again] == [(r.index, r.stage) for r in straight]
     assert now == was and now is not None and now.reading is not None
 
 
-LONG = dataclasses.replace(META, total_chunks=3, text_chunks=9, text_tokens=900)
-TOO_LONG = DeadLetter.of(
-    DeadLetterReason.TOO_LONG,
-    "cut",
-    stage="chunk",
-    raw=b"x",
-    key=None,
-    source=None,
-    timestamp_ms=None,
-)
-
-
-def test_a_text_cut_at_the_limit_is_labeled_when_its_stop_comes_before_the_limit() -> None:
-    first = dataclasses.replace(LONG, over_limit=TOO_LONG)
-    logic = CascadeLogic(clear_doc(), TM, stop=TWO)
-    out = logic.on_item(task(0, first))[0] + feed(logic, [1, 2], LONG)
+def test_a_text_past_the_limit_is_labeled_when_its_stop_comes_before_the_limit() -> None:
+    out = read(reader(clear_doc(9), max_chunks=3, stop=TWO), 900)
     assert [type(x) for x in out] == [Outcome, ChunkResult, ChunkResult]
-    assert out[0].reading is not None and out[0].reading.chunks_total == 9
 
 
-def test_a_text_cut_at_the_limit_without_a_stop_before_it_is_dead_lettered_too_long() -> None:
-    first = dataclasses.replace(LONG, over_limit=TOO_LONG)
-    stages = Stages([Verdict("s1", A), Verdict("s1", B), Verdict("s1", A)])
-    logic = CascadeLogic(stages, TM, stop=TWO)
-    out = logic.on_item(task(0, first))[0] + feed(logic, [1, 2], LONG)
-    assert out == [TOO_LONG]
+def test_a_text_past_the_limit_without_a_stop_before_it_is_dead_lettered_too_long() -> None:
+    stages = Stages([Verdict("s1", A), Verdict("s1", B), Verdict("s1", A)] * 3)
+    (dead,) = read(reader(stages, max_chunks=3, stop=TWO), 900)
+    assert isinstance(dead, DeadLetter) and dead.reason is DeadLetterReason.TOO_LONG
+    assert "more than 3 chunks" in dead.detail and stages.read == [0, 1, 2]
+    assert dead.original() == word_doc("doc", 900).origin.raw
 
 
-def test_the_reduce_completes_a_stopped_document_with_its_read_chunks_and_counts_the_rest() -> None:
-    out = feed(CascadeLogic(clear_doc(), TM, stop=TWO), list(range(6)))
+def test_without_a_stop_a_text_over_the_limit_is_dead_lettered_before_any_chunk_is_read() -> None:
+    stages = clear_doc(9)
+    (dead,) = read(reader(stages, max_chunks=3), 900)
+    assert isinstance(dead, DeadLetter) and dead.reason is DeadLetterReason.TOO_LONG
+    assert dead.detail == "900 tokens make 9 chunks; the limit is 3" and stages.read == []
+
+
+def test_a_text_the_tokenizer_fails_on_is_dead_lettered_with_the_reason() -> None:
+    from tokenizers import Tokenizer
+
+    class Failing:
+        def encode(self, text: str, add_special_tokens: bool = True) -> Tokenizer:
+            raise RuntimeError("cannot tokenize this")
+
+    chunker = dataclasses.replace(word_chunker(100), tokenizer=Failing())
+    (dead,) = CascadeLogic(clear_doc(), chunker, 256, TM, stop=TWO).on_item(word_doc("d", 600))[0]
+    assert isinstance(dead, DeadLetter) and dead.reason is DeadLetterReason.PROCESSING
+    assert dead.detail == "RuntimeError: cannot tokenize this"
+
+
+def test_a_text_without_a_token_is_decided_at_once_with_nothing_to_read() -> None:
+    stages = clear_doc()
+    # Not blank, so the flow sends it to the cascade; the tokenizer makes no token of it.
+    out, discard = reader(stages, stop=TWO).on_item(word_doc("d", 0, text="\u200b \u200b"))
+    assert discard is CascadeLogic.DISCARD and stages.read == []
+    (outcome,) = out
+    assert isinstance(outcome, Outcome) and outcome.reading is not None
+    assert (outcome.reading.chunks_read, outcome.reading.stopped) == (0, StopReason.END)
+
+
+def test_the_reduce_completes_a_stopped_document_with_its_read_chunks() -> None:
+    out = read(reader(clear_doc(60), stop=TWO), 6000)
     labeling = Labeling(
         labels=["a", "b"],
         aggregation=TM,
@@ -260,8 +276,10 @@ def test_the_reduce_completes_a_stopped_document_with_its_read_chunks_and_counts
     assert discard is AssembleLogic.DISCARD
     record = labeled.record
     assert record.label == "b"
-    assert record.chunks.total == 6 and record.chunks.unread == 4 and record.chunks.settled_s1 == 2
-    assert record.reading is not None and record.reading.skipped_tokens == 400
+    assert record.chunks.total is None and record.chunks.unread is None
+    assert record.chunks.settled_s1 == 2
+    assert record.reading is not None and record.reading.skipped_tokens is None
+    assert record.reading.skipped_chars == 2 * 6000 - 1 - (2 * 200 - 1)
 
 
 # --- certification -----------------------------------------------------------------------

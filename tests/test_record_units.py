@@ -19,7 +19,7 @@ from kascade.dataflow.consume import read_all
 from kascade.dataflow.flow import build_flow
 from kascade.operators.chunking import chunk_text
 from kascade.operators.encoder import load_model_dir
-from kascade.schemas import DeadLetter, InputDocument, OutputRecord
+from kascade.schemas import DeadLetter, InputDocument, OutputRecord, StopReason
 from kascade.schemas.kafka import KafkaSettings
 from kascade.schemas.settings import Settings
 
@@ -72,8 +72,14 @@ def check_one_result_per_record(
         record = by_offset[offset]
         chunks = chunk_text(doc.text, tokenizer, **SMALL_CHUNKS.model_dump())
         assert record.id == doc.id
-        assert record.chunks.total == len(chunks), (offset, doc.id)
-        assert record.reading is not None and record.reading.tokens_total == chunks[0].text_tokens
+        reading = record.reading
+        assert reading is not None and reading.chars_total == len(doc.text), (offset, doc.id)
+        if reading.stopped is StopReason.END:
+            assert record.chunks.total == len(chunks), (offset, doc.id)
+            assert reading.tokens_total == chunks[0].text_tokens
+        else:  # its own text's chunks, as far as the stop read
+            assert reading.tokens_read == chunks[reading.chunks_read - 1].end_token
+            assert reading.chars_read == chunks[reading.chunks_read - 1].end_char
         assert record.label is not None and not record.degraded
     return [by_offset[i] for i in range(len(docs))]
 

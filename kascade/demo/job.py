@@ -97,6 +97,10 @@ def _chunking_of(model_dir: Path) -> dict:
     return {"max_tokens": c.max_tokens, "overlap": c.overlap}
 
 
+def _chunks_read(rec: OutputRecord) -> int:
+    return (rec.chunks.total or 0) if rec.reading is None else rec.reading.chunks_read
+
+
 def settled_cheaply(rec: OutputRecord) -> int:
     c = rec.chunks
     return c.settled_s0 + c.settled_s1 + c.skipped
@@ -146,21 +150,24 @@ def demo(*, brokers: str | None, port: int, keep_broker: bool, model_dir: Path |
                 rec.id,
                 rec.label or "(no text)",
                 f"{rec.score:.2f}",
-                str(rec.chunks.total),
+                "-" if rec.chunks.total is None else str(rec.chunks.total),
                 _read(rec),
                 str(settled_cheaply(rec)),
                 f"{rec.latency_ms:.0f}",
                 text[:40] + ("…" if len(text) > 40 else ""),
             )
         console.print(table)
-        total = sum(r.chunks.total for r in out)
+        read = sum(_chunks_read(r) for r in out)
         cheap = sum(settled_cheaply(r) for r in out)
-        unread = sum(r.chunks.unread for r in out)
+        stopped = [
+            r for r in out if r.reading is not None and r.reading.stopped is StopReason.CERTAIN
+        ]
         console.print(
-            f"cascade {out[0].cascade.value if out else 'off'}: {cheap} of {total} chunks"
+            f"cascade {out[0].cascade.value if out else 'off'}: {cheap} of {read} chunks read"
             " settled without the full model (cheap = S0 + S1 + skipped); "
-            f"{unread} never read, the certified document stop having known the label"
-            " (read: chunks read, (stop) where the stop ended the read)"
+            f"{len(stopped)} documents stopped early, the certified document stop having known"
+            " the label, their rest never tokenized (read: chunks read, (stop) where the stop"
+            " ended the read; chunks: of the whole text, - where it was not tokenized to its end)"
         )
 
         dead = [
