@@ -77,6 +77,30 @@ def boilerplate(rng: random.Random, tokens, target: int = 700) -> str:
     return "\n".join(parts)
 
 
+SECTIONS = ("Home", "News", "World", "Business", "Sport", "Culture", "Opinion", "Video")
+
+
+def web_boilerplate(rng: random.Random, tokens, target: int = 700) -> str:
+    """A web page's chrome before its article: navigation, a cookie banner, share and
+    subscribe prompts, about ``target`` tokens (another opening than :func:`boilerplate`)."""
+    parts: list[str] = []
+    while tokens(" ".join(parts)) < target:
+        nav = " | ".join(rng.sample(SECTIONS, 6))
+        parts.append(
+            f"{nav} | Log in | Subscribe\nWe use cookies and similar technologies to give you"
+            " a better experience, to personalise content and ads and to analyse our traffic."
+            " By clicking Accept all you agree to this; choose Manage settings to decide which"
+            f" partners may store data. Accept all | Reject all | Manage settings\nShare on"
+            f" social media · Copy link · {rng.randint(2, 480)} comments · Updated"
+            f" {rng.randint(1, 28)} March 2026, {rng.randint(7, 22)}:{rng.randint(10, 59)}"
+            " GMT\nAdvertisement · Continue reading below"
+        )
+    return "\n".join(parts)
+
+
+OPENINGS = {"mail": boilerplate, "web": web_boilerplate}
+
+
 def _rows(data: Path, prefixes: tuple[str, ...]) -> dict[tuple[str, str], list[str]]:
     pools: dict[tuple[str, str], list[str]] = {}
     for prefix in prefixes:
@@ -89,10 +113,19 @@ def _rows(data: Path, prefixes: tuple[str, ...]) -> dict[tuple[str, str], list[s
 
 
 def documents(
-    data: Path, split: str, count: int, boilerplate_share: float, tokenizer, seed: int
+    data: Path,
+    split: str,
+    count: int,
+    boilerplate_share: float,
+    tokenizer,
+    seed: int,
+    languages: int = 1,
+    opening: str = "mail",
 ) -> list[tuple[InputDocument, str]]:
-    """(document, topic) pairs: one language and one topic each, ``boilerplate_share`` of
-    them opening with mail headers, from the sentences of one split of ``bench.sib200``
+    """(document, topic) pairs: one topic each, in one language (tagged) or, with
+    ``languages`` > 1, in that many, switching every 2-4 sentences (untagged, as a
+    mixed document's language is not one); ``boilerplate_share`` of them open with
+    boilerplate (:data:`OPENINGS`). From the sentences of one split of ``bench.sib200``
     (``heads``, ``calibration`` and ``holdout`` share none)."""
     pools = _rows(data, (split,))
     keys = sorted(pools)
@@ -104,23 +137,25 @@ def documents(
     out = []
     for i in range(count):
         lang, topic = keys[rng.randrange(len(keys))]
+        others = sorted({k[0] for k in keys if k[1] == topic} - {lang})
+        langs = [lang, *rng.sample(others, min(languages, len(others) + 1) - 1)]
         size = SIZES[i % len(SIZES)]
-        pool, text, n = pools[(lang, topic)], [], 0
+        text: list[str] = []
+        n, current, left = 0, 0, rng.randint(2, 4)
         while n < size:
-            s = rng.choice(pool)
+            if left == 0:  # the next language's run of sentences
+                current, left = (current + 1) % len(langs), rng.randint(2, 4)
+            left -= 1
+            s = rng.choice(pools[(langs[current], topic)])
             text.append(s)
             n += n_tokens(s)
         body = " ".join(text)
-        opening = rng.random() < boilerplate_share
-        if opening:
-            body = boilerplate(rng, n_tokens) + "\n\n" + body
-        meta = {"topic": topic, "boilerplate": opening, "tokens": size}
-        out.append(
-            (
-                InputDocument(id=f"{split}-{i}", text=body, lang=language_tag(lang), metadata=meta),
-                topic,
-            )
-        )
+        opens = rng.random() < boilerplate_share
+        if opens:
+            body = OPENINGS[opening](rng, n_tokens) + "\n\n" + body
+        meta = {"topic": topic, "boilerplate": opens, "tokens": size, "languages": langs}
+        tag = language_tag(lang) if len(langs) == 1 else None
+        out.append((InputDocument(id=f"{split}-{i}", text=body, lang=tag, metadata=meta), topic))
     return out
 
 
@@ -173,7 +208,16 @@ def headline(args: argparse.Namespace) -> dict:
     tokenizer = load_model_dir(args.kascade_model).tokenizer
     rows = {}
     for name, share in (("single-topic", 0.0), ("boilerplate-first", 1.0)):
-        built = documents(args.data, "holdout", args.count, share, tokenizer, seed=args.seed)
+        built = documents(
+            args.data,
+            "holdout",
+            args.count,
+            share,
+            tokenizer,
+            seed=args.seed,
+            languages=args.languages,
+            opening=args.opening,
+        )
         docs = [d for d, _ in built]
         gold = {d.id: t for d, t in built}
         tokens = {d.id: len(tokenizer.encode(d.text, add_special_tokens=False).ids) for d in docs}
@@ -243,6 +287,9 @@ def main() -> None:
     h.add_argument("--seed", type=int, default=1)
     h.add_argument("--brokers")
     h.add_argument("--json", type=Path)
+    for p in (d, h):
+        p.add_argument("--languages", type=int, default=1, help="languages per document")
+        p.add_argument("--opening", choices=sorted(OPENINGS), default="mail")
     h.add_argument(
         "--jobs",
         type=lambda s: s.split(","),
@@ -252,7 +299,16 @@ def main() -> None:
     args = p.parse_args()
     if args.cmd == "documents":
         tok = load_model_dir(args.tokenizer_model).tokenizer
-        built = documents(args.data, args.split, args.count, args.boilerplate_share, tok, args.seed)
+        built = documents(
+            args.data,
+            args.split,
+            args.count,
+            args.boilerplate_share,
+            tok,
+            args.seed,
+            languages=args.languages,
+            opening=args.opening,
+        )
         lines = [json.dumps({"text": doc.text, "lang": doc.lang}) for doc, _ in built]
         write_text_atomically(args.out, "\n".join(lines) + "\n")
         print(f"wrote {len(lines)} documents to {args.out}")

@@ -21,7 +21,7 @@ from kascade.operators.chunking import Chunker, meta_of
 from kascade.operators.encoder import Encoder, load_model_dir
 from kascade.operators.formats import Writer
 from kascade.operators.full_model import _classify_all
-from kascade.operators.items import ChunkResult, Escalation, Outgoing
+from kascade.operators.items import ChunkResult, Escalation, Outcome, Outgoing
 from kascade.operators.reduce import AssembleLogic, Labeled, Labeling, labeled
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.validate import Received, check
@@ -70,11 +70,12 @@ def pipeline(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
             decided = logic.on_item(first)[0]
         out: list = [x for x in decided if isinstance(x, DeadLetter)]
         escalated = [x for x in decided if isinstance(x, Escalation)]
-        results = [x for x in decided if isinstance(x, ChunkResult)]
-        results += [r for r in _classify_all(encoder, escalated, 1) if r.audit_of is None]
-        assemble = AssembleLogic(labeling, now_ms=lambda: 0)
-        for r in results:
-            records += assemble.on_item(r)[0]
+        # As the flow's assemble step: the chunk results and the cascade's outcome.
+        parts = [x for x in decided if isinstance(x, ChunkResult | Outcome)]
+        parts += [r for r in _classify_all(encoder, escalated, 1) if r.audit_of is None]
+        assemble = AssembleLogic(labeling, now_ms=lambda: 0, with_outcome=True)
+        for part in parts:
+            records += assemble.on_item(part)[0]
         assert len(records) == (1 if not out else 0)
         for rec in records:
             sent = output_value(rec, writer, max_bytes=LIMIT, stage="serialize")
