@@ -287,9 +287,9 @@ def main() -> None:
     h.add_argument("--seed", type=int, default=1)
     h.add_argument("--brokers")
     h.add_argument("--json", type=Path)
-    for p in (d, h):
-        p.add_argument("--languages", type=int, default=1, help="languages per document")
-        p.add_argument("--opening", choices=sorted(OPENINGS), default="mail")
+    for sub_parser in (d, h):
+        sub_parser.add_argument("--languages", type=int, default=1, help="languages per document")
+        sub_parser.add_argument("--opening", choices=sorted(OPENINGS), default="mail")
     h.add_argument(
         "--jobs",
         type=lambda s: s.split(","),
