@@ -102,7 +102,7 @@ class CascadeLogic(StatefulLogic[Received, Out, CascadeState]):
         if self.state is not None:  # a replay of the document being read: read once
             return [], self._keep(self.state)
         s = self.state = CascadeState(
-            meta_of(value, text_chars=len(value.doc.text)),
+            meta_of(value),
             text=self.chunker.tokens(value.doc.text),
             origin=value.origin,
         )

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
 
 import bytewax.operators as op
 import numpy as np
@@ -199,17 +198,18 @@ def chunk_text(
     return chunker.all(text, max_chunks)
 
 
-def meta_of(r: Received, **known: Any) -> DocMeta:
-    """The metadata a document's chunks carry, with what is ``known`` of its tokens."""
+def meta_of(r: Received, total_chunks: int = 0, text_tokens: int = 0) -> DocMeta:
+    """The metadata a document's chunks carry, with what is known of its tokens."""
     return DocMeta(
         id=r.doc.id,
-        total_chunks=known.pop("total_chunks", 0),
+        total_chunks=total_chunks,
         lang=r.doc.lang,
         metadata=r.doc.metadata,
         timestamp_ms=r.timestamp_ms,
         source=r.position,
         envelope=r.envelope,
-        **known,
+        text_tokens=text_tokens,
+        text_chars=len(r.doc.text),
     )
 
 
@@ -231,12 +231,7 @@ def split(
             # A tokenizer that rejects a string rejects one record; a panic in its Rust
             # code reaches Python as pyo3's PanicException, a BaseException.
             return [r.dead_letter(DeadLetterReason.PROCESSING, failure(e), stage)]
-    first = meta_of(
-        r,
-        total_chunks=len(chunks),
-        text_tokens=chunks[0].text_tokens if chunks else 0,
-        text_chars=len(r.doc.text),
-    )
+    first = meta_of(r, len(chunks), chunks[0].text_tokens if chunks else 0)
     if not chunks:
         return [first]
     meta = dataclasses.replace(first, envelope=None)
@@ -289,7 +284,7 @@ def with_text(step_id: str, up: Stream[Received]) -> TextOut:
 
     def blank(r: Received) -> DocMeta:
         metrics.DOCS_IN.inc()
-        return meta_of(r, text_chars=len(r.doc.text))
+        return meta_of(r)
 
     split_blank = op.branch("is_blank", up, lambda r: not r.doc.text.strip())
     return TextOut(split_blank.falses, op.map("no_text", split_blank.trues, blank))

@@ -108,18 +108,18 @@ class DocMeta:
 
 @dataclass(frozen=True)
 class Outcome:
-    """How the cascade read one document, sent once when it is decided: how far
-    (``None``: every chunk, as the metadata counts them) and whether the live test
-    had suspended the cheap stages for any of its chunks (:mod:`.guarantee`)."""
+    """How the cascade read one document, sent once when it is decided: how far, and
+    whether the live test had suspended the cheap stages for any of its chunks
+    (:mod:`.guarantee`)."""
 
     doc: DocMeta
-    reading: Reading | None = None
+    reading: Reading
     suspended: bool = False
 
     @property
     def chunks_expected(self) -> int:
         """Chunk results that make the document complete."""
-        return self.doc.total_chunks if self.reading is None else self.reading.chunks_read
+        return self.reading.chunks_read
 
 
 @dataclass(frozen=True)

@@ -114,7 +114,7 @@ def reading_of(meta: DocMeta, outcome: Outcome | None = None) -> Reading:
     >>> reading_of(meta).stopped.value, reading_of(meta).tokens_read
     ('end', 700)
     """
-    if outcome is not None and outcome.reading is not None:
+    if outcome is not None:
         return outcome.reading
     return Reading(
         chunks_read=meta.total_chunks,

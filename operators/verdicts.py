@@ -54,7 +54,6 @@ class CascadeState:
     meta: DocMeta
     tasks: dict[int, ChunkTask] = field(default_factory=dict)
     verdicts: dict[int, Verdict] = field(default_factory=dict)
-    arrived: set[int] = field(default_factory=set)  # kept for snapshots that have it
     decided: bool = False  # labeled, escalated or dead-lettered: reading is over
     suspended: bool = False  # a chunk was read while the live test suspended the stages
     text: TextTokens | None = None
