@@ -154,4 +154,9 @@ def test_demo_sends_classifies_and_prints_both_topics(
             KafkaSettings(brokers=kafka_bootstrap), topic.replace("text-in", "labels-out")
         )
     ]
-    assert out and all(rec.cascade == "on" for rec in out if rec.chunks.total)
+    # The calibration was in force. Its bound is for text like its calibration's (random
+    # German and Japanese here): the live test may rightly convict it on the demo's text
+    # after two audits, and then says so.
+    assert out and all(rec.cascade in ("on", "suspended") for rec in out)
+    if any(rec.cascade == "suspended" for rec in out):
+        assert "cascade guarantee violated" in r.stderr
