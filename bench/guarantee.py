@@ -3,7 +3,7 @@
 Every chunk of a text set goes through the cascade's cheap stages and the full model,
 as an audit would: settled chunks and whether the full model agreed. Then streams of
 ``--audits`` audits are drawn from those outcomes (with replacement, in random order)
-and fed to the test the job runs (:class:`~kascade.operators.guarantee.BoundTest`, at
+and fed to the test the job runs (:class:`~kascade.operators.bound.BoundTest`, at
 the cascade's epsilon and delta / 2 as the overall test gets): how many streams raise an
 alarm, and after how many audits.
 
@@ -27,10 +27,10 @@ from pathlib import Path
 import numpy as np
 
 from bench.long_docs import _rows, boilerplate
+from kascade.operators.bound import BoundTest
 from kascade.operators.calibration import Cascade
 from kascade.operators.chunking import SpecialTokens, chunk_text
 from kascade.operators.encoder import Encoder, load_model_dir
-from kascade.operators.guarantee import BoundTest
 from kascade.operators.items import ChunkTask, DocMeta
 from kascade.operators.verdicts import cheap_stages
 from kascade.schemas.files import write_text_atomically

@@ -13,9 +13,10 @@ its peers over HTTP on its address's port plus ``cluster.control_port_offset``:
   up); what to do is still decided from what process 0 says on ``GET``.
 - ``POST /drain``: drain this process too (a peer was sent SIGTERM), so the whole
   cluster finishes what it holds and exits 0 instead of panicking at the loss.
-- ``POST /suspend?cascade=SHA256&scope=LANG``: a peer's live test of the bound fired for
-  that calibration and scope (a language, ``other`` or ``all``); this process suspends
-  the same scope (:mod:`kascade.schemas.suspensions`).
+- ``POST /suspend?cascade=SHA256&scope=SCOPE``: a peer's live test of the bound fired for
+  that calibration and scope (a language, ``other``, ``all``, a length of document alone
+  or in a language, or ``doc_stop``); this process suspends the same scope
+  (:mod:`kascade.schemas.suspensions`).
 
 The POSTs are obeyed only with the cluster's shared token (``Authorization: Bearer``,
 ``cluster.control_token``): anyone else who can reach the port is refused, and the
@@ -44,7 +45,7 @@ from http import HTTPStatus
 
 from kascade.dataflow.peers import State, control_address
 from kascade.errors import KascadeError
-from kascade.schemas.records import LANGUAGE_TAG
+from kascade.schemas.suspensions import SCOPE
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ class ControlServer:
         params = urllib.parse.parse_qs(query)
         sha = (params.get("cascade") or [""])[0]
         scope = (params.get("scope") or [""])[0]
-        if not re.fullmatch(r"[0-9a-f]{64}", sha) or not re.fullmatch(LANGUAGE_TAG, scope):
+        if not re.fullmatch(r"[0-9a-f]{64}", sha) or not re.fullmatch(SCOPE, scope):
             return 400, "bad request"
         if self._on_suspend is None:
             return 404, "not found"

@@ -6,7 +6,6 @@ that receives the original bytes and the reason for anything the flow could not 
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 from pathlib import PurePosixPath, PureWindowsPath
@@ -19,15 +18,17 @@ from kascade.dataflow import processes
 from kascade.dataflow.exactly_once import TransactionalSink, route
 from kascade.dataflow.kafka_io import DeliveryCheckedSink, source
 from kascade.errors import UsageError
-from kascade.operators import backends, metrics
+from kascade.operators import backends
+from kascade.operators.bound import BoundTest, Watch
 from kascade.operators.calibration import Cascade
 from kascade.operators.cascade import cascade
 from kascade.operators.chunking import chunk, with_text
 from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.formats import Reader, Writer
 from kascade.operators.full_model import classify
-from kascade.operators.guarantee import Guard, Shared, Watch
+from kascade.operators.guarantee import Guard, Shared
 from kascade.operators.items import ChunkResult, Outcome, Outgoing
+from kascade.operators.live_test import live_test
 from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
 from kascade.operators.streams import by_class
@@ -231,28 +232,7 @@ def prepare(settings: Settings) -> Prepared:
     return Prepared(model, use, in_force, document_stop(settings, model, in_force), engine)
 
 
-# Every audit of the job goes to one test, kept as the flow's state under this key.
-LIVE_TEST = "bound"
-
-
-def _live_test(
-    guard: Guard, in_force: Cascade, state: Watch | None, result: ChunkResult
-) -> tuple[Watch, None]:
-    """One audit counted in the job's test of the bound (the flow keeps the test: a
-    restart resumes it from the snapshot, and on another calibration it starts over)."""
-    watch = guard.resume(state)
-    if result.probs is None:
-        return watch, None
-    agree = int(result.probs.argmax()) == result.audit_of
-    metrics.AUDITS.labels(str(agree).lower()).inc()
-    try:
-        guard.audit(agree, in_force.scope_of(result.doc.lang, result.doc.total_chunks))
-    except Exception:  # bookkeeping of the live test never costs a worker or a record
-        log.exception("the live test of the bound could not count an audit")
-    return guard.watch, None
-
-
-def watch_the_bound(settings: Settings, cascade: Cascade) -> Guard:
+def watch_the_bound(settings: Settings, cascade: Cascade, stops: bool) -> Guard:
     """This process's guard of the certified bound. The job's one test runs on whichever
     worker holds its key, at the calibration's delta; its suspensions reach every process
     through the directory they share (the recovery directory, or one the supervisor made
@@ -261,6 +241,9 @@ def watch_the_bound(settings: Settings, cascade: Cascade) -> Guard:
     # Every stratum the calibration certified is tested on its own, however many.
     tested = max(settings.cascade.max_languages, len(point.strata))
     watch = Watch(point.epsilon, point.delta, tested, cascade.sha256)
+    stop = cascade.spec.document_stop
+    if stops and stop is not None:  # the run stops documents early: the stop's test too
+        watch.stop = BoundTest(stop.epsilon, stop.delta)
     suspend = settings.cascade.on_violation == "full_model"
     shared = None
     where = settings.recovery_dir or processes.shared_dir()
@@ -320,7 +303,7 @@ def _cascaded(
     step made."""
     # This process's guard, handed to the two steps that use it (no module global): the
     # cascade asks it what is suspended, the live test counts the audits into it.
-    guard = watch_the_bound(settings, in_force)
+    guard = watch_the_bound(settings, in_force, stops=prepared.stop is not None)
     model = prepared.model
     cheap = cascade(
         "cascade",
@@ -338,7 +321,5 @@ def _cascaded(
     # Chunks of one document may run on different workers: the full model is the cost.
     spread = op.redistribute("spread", cheap.escalations)
     full = classify("classify", spread, model, settings.encoder, prepared.engine, "stages")
-    audits = op.branch("is_audit", full, lambda r: r.audit_of is not None)
-    one_test = op.key_on("to_the_test", audits.trues, lambda _r: LIVE_TEST)
-    op.stateful_map("live_test", one_test, functools.partial(_live_test, guard, in_force))
-    return op.merge("results", cheap.settled, audits.falses), cheap.outcomes, cheap.dead
+    escalated = live_test("live_test", full, guard, in_force, settings.aggregation)
+    return op.merge("results", cheap.settled, escalated), cheap.outcomes, cheap.dead

@@ -1,4 +1,5 @@
-"""Which settled chunks the live test of the guarantee re-reads with the full model."""
+"""Which settled chunks, and which stopped documents, the live test of the guarantee
+re-reads with the full model."""
 
 from __future__ import annotations
 
@@ -22,3 +23,13 @@ def audit_pick(doc_id: str, index: int, fraction: float) -> bool:
         return False
     h = hashlib.blake2b(f"{doc_id}/{index}".encode(), digest_size=8, key=_AUDIT_KEY).digest()
     return int.from_bytes(h, "big") / 2**64 < fraction
+
+
+def stop_audit_pick(doc_id: str, fraction: float) -> bool:
+    """A keyed draw of a document the certified stop ended early: read it to its end with
+    the full model too, for the live test of the stop?
+
+    >>> stop_audit_pick("d", 0.0), stop_audit_pick("d", 1.0)
+    (False, True)
+    """
+    return audit_pick(doc_id, -1, fraction)  # no chunk has index -1: a draw of its own

@@ -32,10 +32,11 @@ from bytewax.dataflow import Stream, operator
 from bytewax.operators import StatefulLogic
 
 from kascade.operators import guarantee, inflight, metrics
+from kascade.operators.audits import stop_audit_pick
 from kascade.operators.calibration import Cascade
 from kascade.operators.chunking import Chunker, meta_of
 from kascade.operators.encoder import Loaded
-from kascade.operators.exits import certified_stop, read_all, stop_reached
+from kascade.operators.exits import certified_stop, full_read, read_all, stop_reached
 from kascade.operators.full_model import worker_encoder
 from kascade.operators.guarantee import Guard
 from kascade.operators.items import (
@@ -85,13 +86,17 @@ class CascadeLogic(StatefulLogic[Received, Out, CascadeState]):
     chunker: Chunker
     max_chunks: int
     strategy: Aggregation
-    audit_fraction: float = 0.0
+    audit_fraction: float = 0.0  # of the settled chunks, for the live test of the bound
     state: CascadeState | None = None
     stop: StopRule | None = None  # None: read every chunk
     turn: int | None = None  # chunks read per turn (None: every chunk that is ready)
     # Whether the live test suspended the cheap stages for a document's kind of text: the
     # full model decides its chunks (the process's Guard.suspends, by the cascade's scope).
     suspends: Callable[[DocMeta], bool] = guarantee.never_suspended
+    # Whether the live test of the stop left it in force (Guard.stop_in_force), and the
+    # share of stopped documents read to their end by the full model too, for that test.
+    stop_in_force: Callable[[], bool] = guarantee.always
+    stop_audit_fraction: float = 0.0
     stage: str = "cascade"  # the step named in its dead letters
     _turns: Turns = field(init=False, repr=False)
 
@@ -149,7 +154,7 @@ class CascadeLogic(StatefulLogic[Received, Out, CascadeState]):
         without tokens, or (reading all) one over the chunk limit."""
         assert s.text is not None  # a new document's
         metrics.DOCS_IN.inc()
-        if self.stop is None:
+        if self.stop is None or not self.stop_in_force():
             count = self._chunking(self.chunker.count, s.text)
             if count > self.max_chunks:
                 detail = (
@@ -168,12 +173,12 @@ class CascadeLogic(StatefulLogic[Received, Out, CascadeState]):
                 metrics.CHUNKS_SETTLED.labels(verdict.stage).inc()
             s.verdicts[task.index] = verdict
             follows = self._follows(s)
-            stop = self.stop
-            if stop is not None and follows and stop_reached(stop, s, self.strategy):
+            stop = self.stop if self.stop is not None and self.stop_in_force() else None
+            label = stop_reached(stop, s, self.strategy) if stop and follows else None
+            if label is not None:
                 s.decided = True
-                return list(
-                    certified_stop(s, self._reading(s, StopReason.CERTAIN), self.audit_fraction)
-                )
+                reading = self._reading(s, StopReason.CERTAIN)
+                return [*certified_stop(s, reading, self.audit_fraction), *self._full(s, label)]
             if not follows:
                 s.decided = True
                 reading = self._reading(s, StopReason.END)
@@ -241,6 +246,16 @@ class CascadeLogic(StatefulLogic[Received, Out, CascadeState]):
             raise
         except BaseException as e:  # pyo3's PanicException (a Rust panic) included
             raise _Unreadable(failure(e)) from e
+
+    def _full(self, s: CascadeState, label: int) -> list[Escalation]:
+        """Where the draw picks this stopped document, every chunk of it for the full
+        model too (the live test of the stop; the document's output stands as stopped)."""
+        if not stop_audit_pick(s.meta.id, self.stop_audit_fraction):
+            return []
+        try:
+            return self._chunking(full_read, s, label, self.chunker, self.max_chunks)
+        except _Unreadable:
+            return []  # the tokenizer failed on the rest: only the audit is not made
 
     def _dead_letter(self, s: CascadeState, reason: DeadLetterReason, detail: str) -> DeadLetter:
         # Only a document read from its text is dead-lettered here, and it has its origin.
@@ -322,6 +337,8 @@ def cascade(
             stop,
             settings.chunks_per_turn or None,
             suspends=suspends,
+            stop_in_force=guarantee.always if guard is None else guard.stop_in_force,
+            stop_audit_fraction=settings.stop_audit_fraction,
             stage=step_id,
         )
 

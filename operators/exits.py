@@ -8,16 +8,21 @@
   (:meth:`~kascade.operators.aggregation.Strategy.decided`), else their estimate stands.
 
 Either way the document's :class:`~kascade.operators.items.Outcome` goes first, and a
-keyed draw of the settled chunks goes to the full model too, for the live test.
+keyed draw of the settled chunks goes to the full model too, for the live test; a keyed
+draw of the stopped documents goes to it whole (:func:`full_read`), for the live test of
+the stop.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import numpy as np
 
 from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.audits import audit_pick
-from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
+from kascade.operators.chunking import Chunker
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome, StopAudit
 from kascade.operators.reading import stop_label
 from kascade.operators.verdicts import CascadeState, Verdict
 from kascade.schemas import Aggregation, Reading, Stage
@@ -26,10 +31,10 @@ from kascade.schemas.cascade import StopRule
 Decided = list[ChunkResult | Escalation | Outcome]
 
 
-def stop_reached(stop: StopRule, s: CascadeState, strategy: Aggregation) -> bool:
-    """Whether the verdicts read so far make the document's label certain."""
+def stop_reached(stop: StopRule, s: CascadeState, strategy: Aggregation) -> int | None:
+    """The label the verdicts read so far make certain (its index), if they do."""
     seen = [v.seen(s.tasks[i].n_tokens) for i, v in sorted(s.verdicts.items())]
-    return stop_label(stop, seen, strategy) is not None
+    return stop_label(stop, seen, strategy)
 
 
 def certified_stop(s: CascadeState, reading: Reading, audit_fraction: float) -> Decided:
@@ -78,3 +83,23 @@ def _audit(task: ChunkTask, verdict: Verdict, fraction: float) -> list[Escalatio
     if not audit_pick(task.doc.id, task.index, fraction):
         return []
     return [Escalation(task, verdict.hidden, None, audit_of=int(verdict.settled_probs().argmax()))]
+
+
+def full_read(s: CascadeState, label: int, chunker: Chunker, max_chunks: int) -> list[Escalation]:
+    """Every chunk of a document the stop ended early with ``label``, for the full model:
+    the chunks read (from their prefix output, where the cheap stages kept it) and the
+    rest, tokenized now. Nothing where the text has more than ``max_chunks`` chunks: no
+    full read of it is defined (read whole, it is dead-lettered)."""
+    tasks = [s.tasks[i] for i in sorted(s.tasks)]
+    if s.text is not None:  # else a snapshot's, from before texts were kept: every chunk made
+        meta = dataclasses.replace(s.meta, envelope=None)
+        k = len(tasks)
+        while chunker.exists(s.text, k):
+            if k >= max_chunks:
+                return []
+            c = chunker.chunk(s.text, k)
+            tasks.append(ChunkTask(meta, k, c.ids, c.n_tokens, c.end_token))
+            k += 1
+    audit = StopAudit(label, len(tasks))
+    hidden = {i: v.hidden for i, v in s.verdicts.items()}
+    return [Escalation(t, hidden.get(t.index), None, stop_audit=audit) for t in tasks]

@@ -12,7 +12,7 @@ from bytewax.dataflow import Stream, operator
 
 from kascade.operators import inflight, metrics
 from kascade.operators.encoder import Encoder, Graphs, Loaded, softmax
-from kascade.operators.items import ChunkResult, ChunkTask, Escalation
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, StopAudit
 from kascade.schemas import Stage
 from kascade.schemas.engine import Engine
 from kascade.schemas.settings import EncoderSettings
@@ -30,10 +30,13 @@ def worker_encoder(
 Work = ChunkTask | Escalation
 
 
-def _unpack(item: Work) -> tuple[ChunkTask, np.ndarray | None, np.ndarray | None, int | None]:
+Unpacked = tuple[ChunkTask, np.ndarray | None, np.ndarray | None, int | None, StopAudit | None]
+
+
+def _unpack(item: Work) -> Unpacked:
     if isinstance(item, Escalation):
-        return item.task, item.hidden, item.fallback, item.audit_of
-    return item, None, None, None
+        return item.task, item.hidden, item.fallback, item.audit_of, item.stop_audit
+    return item, None, None, None, None
 
 
 def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list[ChunkResult]:
@@ -68,8 +71,10 @@ def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list
                     logits = encoder.logits_batch([w[0].ids for w in group])
             probs = softmax(logits.astype(np.float64))
             out.extend(
-                ChunkResult(t.doc, t.index, t.n_tokens, p, stage=Stage.FULL, audit_of=audit)
-                for (t, _, _, audit), p in zip(group, probs, strict=True)
+                ChunkResult(
+                    t.doc, t.index, t.n_tokens, p, Stage.FULL, audit_of=audit, stop_audit=stop
+                )
+                for (t, _, _, audit, stop), p in zip(group, probs, strict=True)
             )
         except Exception as e:  # a failed call is data: the document is marked degraded
             metrics.CHUNK_FAILURES.inc(len(group))
@@ -84,10 +89,12 @@ def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list
                     stage=Stage.FULL if fallback is None else Stage.S1,
                     error=reason,
                     audit_of=audit,
+                    stop_audit=stop,
                 )
-                for t, _, fallback, audit in group
+                for t, _, fallback, audit, stop in group
             )
-    metrics.CHUNKS_FULL_MODEL.inc(sum(1 for w in work if w[3] is None))
+    # Audits check the cascade; they are not chunks it sent to the full model.
+    metrics.CHUNKS_FULL_MODEL.inc(sum(1 for w in work if w[3] is None and w[4] is None))
     return out
 
 

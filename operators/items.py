@@ -134,6 +134,15 @@ class ChunkTask:
 
 
 @dataclass(frozen=True)
+class StopAudit:
+    """A chunk of a document the certified stop ended early, sent to the full model with
+    every other chunk of it, so the live test sees the label a full read gives."""
+
+    label: int  # the label index the stop gave the document
+    chunks: int  # the document's chunks, all of them audited
+
+
+@dataclass(frozen=True)
 class ChunkResult:
     """A classified chunk: probabilities, or the error that prevented them."""
 
@@ -144,6 +153,7 @@ class ChunkResult:
     stage: Stage
     error: str | None = None
     audit_of: int | None = None  # for an audit: the label index the cheap stage chose
+    stop_audit: StopAudit | None = None  # for a chunk of a stopped document's full read
 
 
 @dataclass(frozen=True)
@@ -158,3 +168,4 @@ class Escalation:
     hidden: np.ndarray | None
     fallback: np.ndarray | None
     audit_of: int | None = None
+    stop_audit: StopAudit | None = None

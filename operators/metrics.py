@@ -46,6 +46,16 @@ GUARANTEE = Gauge(
     " language and for all audits (lang=all)",
     ["lang", "state"],
 )
+STOP_AUDITS = Counter(
+    "kascade_stop_audits_total",
+    "Documents the certified stop ended early that the full model also read to their end",
+    ["agree"],
+)
+STOP_GUARANTEE = Gauge(
+    "kascade_document_stop_guarantee",
+    "1 for the state the live test of the certified document stop is in (holding, violated)",
+    ["state"],
+)
 REPLAYS_DROPPED = Counter(
     "kascade_replayed_results_dropped_total",
     "Results a resumed run computed again and did not write: they were committed before"

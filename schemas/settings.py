@@ -96,6 +96,13 @@ class CascadeSettings(BaseModel):
     audit_fraction: float = Field(
         default=0.01, ge=0.0, le=1.0, description="Settled chunks also sent to the full model."
     )
+    stop_audit_fraction: float = Field(
+        default=0.01,
+        ge=0.0,
+        le=1.0,
+        description="Documents the certified stop ended early that the full model also reads"
+        " to their end, for the live test of the stop (each costs a full read).",
+    )
     reading: Literal["auto", "all", "certified"] = Field(
         default="auto",
         description="all: read every chunk of a document; certified: stop reading once the"

@@ -24,16 +24,28 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from kascade.schemas.cascade import LENGTHS
 from kascade.schemas.files import write_text_atomically
+from kascade.schemas.records import LANGUAGE_TAG
 
 SUSPENSIONS_FILE = "suspensions.json"
+# The scope of a violation of the certified document stop: the stop itself, for every
+# document (no language tag has an underscore, so it is never a language's).
+STOP = "doc_stop"
+# What a suspension covers: a language ("all" and "other" have a tag's shape), a length of
+# document alone or in a language ("long", "de/long"), or the document stop.
+SCOPE = rf"^(({LANGUAGE_TAG.strip('^$')})(/({'|'.join(LENGTHS)}))?|{STOP})$"
 
 
 class Suspension(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     cascade_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
-    scope: str = Field(description="'all', 'other' or a language the test followed")
+    scope: str = Field(
+        pattern=SCOPE,
+        description="'all', 'other', a language the test followed (with a length of"
+        " document, where its stratum was certified for one), or 'doc_stop'",
+    )
     evidence: str = Field(description="what the test saw when it fired")
     at_ms: int = Field(description="when, in milliseconds since the epoch")
     named: list[str] = Field(

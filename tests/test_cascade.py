@@ -13,10 +13,11 @@ from helpers import word_chunker, word_doc
 from kascade.operators.audits import audit_pick
 from kascade.operators.calibration import Head
 from kascade.operators.cascade import CascadeLogic
-from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome, StopAudit
 from kascade.operators.validate import Received
 from kascade.operators.verdicts import Verdict
 from kascade.schemas import Aggregation, StopReason
+from kascade.schemas.cascade import StopRule
 from kascade.toolchain.calibrate import HEAD_CS, PATH, fit_head
 from kascade.toolchain.certify import certify, min_accepted, p_value, upper_bound
 
@@ -115,6 +116,41 @@ def test_audits_send_settled_chunks_to_the_full_model_too() -> None:
     out, _ = reader(stages, audit_fraction=1.0).on_item(word_doc("doc", 300))
     audits = [x for x in out if isinstance(x, Escalation)]
     assert len(audits) == 3 and all(a.audit_of == 1 and a.fallback is None for a in audits)
+
+
+STOP_AFTER_TWO = StopRule(min_chunks=2, min_lead=0.5)
+
+
+def test_a_stopped_document_drawn_for_the_live_test_goes_whole_to_the_full_model() -> None:
+    stages = FakeStages({i: Verdict("s0", p(0.05, 0.95), HIDDEN) for i in range(5)})
+    logic = reader(stages, stop=STOP_AFTER_TWO, stop_audit_fraction=1.0)
+    out, _ = logic.on_item(word_doc("doc", 500))
+    assert isinstance(out[0], Outcome) and out[0].reading.stopped is StopReason.CERTAIN
+    assert [r.index for r in out if isinstance(r, ChunkResult)] == [0, 1]  # its output
+    full = [x for x in out if isinstance(x, Escalation)]
+    assert [e.task.index for e in full] == [0, 1, 2, 3, 4]
+    assert {e.stop_audit for e in full} == {StopAudit(label=1, chunks=5)}
+    assert [e.hidden is HIDDEN for e in full] == [True, True, False, False, False]
+    assert all(e.fallback is None and e.audit_of is None for e in full)
+    assert stages.calls == 2  # the cheap stages never read the rest
+
+
+def test_a_stopped_document_past_the_chunk_limit_is_not_audited_and_keeps_its_label() -> None:
+    stages = FakeStages({i: Verdict("s0", p(0.05, 0.95)) for i in range(5)})
+    logic = CascadeLogic(
+        stages, word_chunker(100), 3, TM, stop=STOP_AFTER_TWO, stop_audit_fraction=1.0
+    )
+    out, _ = logic.on_item(word_doc("doc", 500))
+    assert isinstance(out[0], Outcome) and out[0].reading.stopped is StopReason.CERTAIN
+    assert not any(isinstance(x, Escalation) for x in out)
+
+
+def test_once_the_live_test_suspends_the_stop_every_document_is_read_to_its_end() -> None:
+    stages = FakeStages({i: Verdict("s0", p(0.05, 0.95)) for i in range(5)})
+    logic = reader(stages, stop=STOP_AFTER_TWO, stop_in_force=lambda: False)
+    out, _ = logic.on_item(word_doc("doc", 500))
+    assert isinstance(out[0], Outcome) and out[0].reading.stopped is StopReason.END
+    assert out[0].reading.chunks_read == 5 and stages.calls == 5
 
 
 def test_audit_draws_are_deterministic_and_close_to_the_fraction() -> None:

@@ -180,14 +180,17 @@ def test_a_peers_suspension_is_obeyed_only_with_the_token_and_a_well_formed_scop
     try:
         sha = "ab" * 32
         assert not tell_suspended(peer(port), "guess", sha, "sw")
-        assert tell_suspended(peer(port), TOKEN, sha, "sw")
-        for bad in ("sw\nFAKE", "../x", "a" * 40):
+        # every scope a test can fire for: a language, a length in one, the document stop
+        scopes = ["sw", "de/long", "short", "doc_stop"]
+        for scope in scopes:
+            assert tell_suspended(peer(port), TOKEN, sha, scope), scope
+        for bad in ("sw\nFAKE", "../x", "a" * 40, "de/medium", "doc_stop/long"):
             assert not tell_suspended(peer(port), TOKEN, sha, bad)
         assert not tell_suspended(peer(port), TOKEN, "not-a-sha", "sw")
         deadline = time.monotonic() + 5
-        while not got and time.monotonic() < deadline:
+        while len(got) < len(scopes) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert got == [(sha, "sw")]
+        assert got == [(sha, scope) for scope in scopes]
     finally:
         control.close()
 

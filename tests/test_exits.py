@@ -45,8 +45,8 @@ def test_the_certified_stop_says_how_far_it_read_first_and_keeps_cheap_estimates
 
 def test_a_stop_rule_is_reached_only_when_the_verdicts_read_make_the_label_certain() -> None:
     rule = StopRule(min_chunks=2, min_lead=0.5)
-    assert stop_reached(rule, state(SURE_B, SURE_B), Aggregation.TOKEN_MEAN)
-    assert not stop_reached(rule, state(SURE_B, UNSURE), Aggregation.TOKEN_MEAN)
+    assert stop_reached(rule, state(SURE_B, SURE_B), Aggregation.TOKEN_MEAN) == 1  # its label
+    assert stop_reached(rule, state(SURE_B, UNSURE), Aggregation.TOKEN_MEAN) is None
 
 
 def test_reading_everything_escalates_an_uncertain_chunk_that_could_change_the_label() -> None:

@@ -12,8 +12,9 @@ import pytest
 from helpers import word_chunker, word_doc
 
 from kascade.operators import metrics
+from kascade.operators.bound import BoundTest, Watch
 from kascade.operators.cascade import CascadeLogic
-from kascade.operators.guarantee import BoundTest, Guard, Watch
+from kascade.operators.guarantee import Guard
 from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome
 from kascade.operators.reduce import Labeling, label_document
 from kascade.operators.verdicts import Verdict
@@ -298,3 +299,48 @@ def test_the_job_s_test_resumes_from_the_flow_s_state_unless_it_judged_another_c
     recalibrated = Guard(Watch(0.1, 0.1, judging="cd" * 32), suspend=True)
     assert recalibrated.resume(state) is recalibrated.watch is not state
     assert recalibrated.watch.overall.audits == 0
+
+
+def stop_watch() -> Watch:
+    """A run's test with a certified document stop at epsilon_doc 0.02 beside it."""
+    return Watch(epsilon=0.02, delta=0.05, stop=BoundTest(0.02, 0.05))
+
+
+def test_a_stop_that_labels_stopped_documents_otherwise_is_suspended_and_chunks_keep_theirs(
+    tmp_path, caplog
+) -> None:
+    from kascade.operators.guarantee import Shared
+
+    shared = Shared(tmp_path, "ab" * 32)
+    guard = Guard(stop_watch(), suspend=True, shared=shared)
+    for _ in range(100):  # the stop is right: it holds
+        guard.audit_stop(agree=True)
+    assert guard.stop_in_force()
+    with caplog.at_level(logging.ERROR, logger="kascade.operators.guarantee"):
+        for i in range(200):  # one stopped document in five labeled otherwise
+            guard.audit_stop(agree=i % 5 != 0)
+    assert not guard.stop_in_force()
+    assert not any(guard.suspends(lang) for lang in ("de", None, "other"))  # chunks: cascade
+    said = [r.getMessage() for r in caplog.records]
+    alarms = [m for m in said if "document stop guarantee violated" in m]
+    assert len(alarms) == 1 and "every document is read to its end" in alarms[0], alarms
+    restarted = Guard(stop_watch(), suspend=True, shared=shared)
+    assert not restarted.stop_in_force() and not restarted.suspends("de")
+
+
+def test_a_violated_stop_only_alerts_where_the_run_says_so() -> None:
+    guard = Guard(stop_watch(), suspend=False)
+    for i in range(200):
+        guard.audit_stop(agree=i % 2 == 0)
+    assert guard.watch.stop is not None and guard.watch.stop.violated
+    assert guard.stop_in_force()
+
+
+def test_a_snapshot_from_before_the_stop_had_a_test_resumes_with_one() -> None:
+    old = Watch(epsilon=0.02, delta=0.05, judging="ab" * 32)
+    del old.__dict__["stop"]  # as unpickled from a snapshot written before the field
+    guard = Guard(Watch(0.02, 0.05, judging="ab" * 32, stop=BoundTest(0.02, 0.05)), True)
+    resumed = guard.resume(old)
+    assert resumed is old and resumed.stop is not None
+    guard.audit_stop(agree=False)
+    assert resumed.stop.audits == 1

@@ -526,7 +526,7 @@ def test_thousands_of_invented_languages_neither_kill_a_worker_nor_grow_the_metr
 def test_the_live_test_resumes_from_the_snapshot_after_a_restart_instead_of_starting_over(
     kafka_settings: KafkaSettings, calibrated: Path, tmp_path: Path
 ) -> None:
-    from kascade.operators.guarantee import BoundTest
+    from kascade.operators.bound import BoundTest
 
     _, disagree = by_agreement(calibrated, texts(100) + word_salad(1500))
     # The calibrated fixture's bound (epsilon 0.1, delta 0.1): one disagreeing audit is

@@ -92,7 +92,9 @@ ORDER = {
         *("registry", "mapping", "formats", "validate"),  # reading events
         *("backends", "encoder", "pieces", "chunking"),  # the model's graphs and tokens
         *("aggregation", "reading", "turns", "audits", "calibration", "verdicts", "exits"),
+        "bound",
         "guarantee",
+        "live_test",
         *("full_model", "cascade", "reduce", "serialize"),  # the steps that compose them
     ],
     "kascade.dataflow": [

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kascade.operators.guarantee import EVERYTHING
+from kascade.operators.bound import EVERYTHING
 from kascade.schemas.cascade import (
     ANY_LANGUAGE,
     LENGTHS,

@@ -1,0 +1,143 @@
+"""The live test of the certified document stop through the real broker: a stop certified
+on documents whose opening carries their topic, then a stream whose documents open on
+another topic (as web pages open on their site's chrome). The stop ends their reading
+inside the opening; the full reads the live test draws show it; the job says so in one
+line, sets the gauge, reads every later document to its end while the chunk cascade
+goes on, loses no record, and a restarted job keeps the suspension."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from helpers import (
+    SMALL_CHUNKS,
+    TINY_PATH,
+    TOPICS,
+    calibration,
+    kascade_run,
+    labeled,
+    long_documents,
+    output_ids,
+    send,
+)
+from test_guarantee_flow import metric
+
+from kascade.dataflow.ports import free_port
+from kascade.schemas import CascadeUse, InputDocument, OutputRecord, StopReason
+from kascade.schemas.kafka import KafkaSettings
+from kascade.toolchain.calibrate import calibrate
+
+pytestmark = [pytest.mark.kafka, pytest.mark.timeout(600)]
+
+NO_OPENINGS = 10**9  # long_documents: no document opens with the boilerplate
+
+
+@pytest.fixture(scope="module")
+def stops_at_once(exported: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model with a document stop certified on documents that are one topic from
+    their first word: a short window serves them."""
+    d = tmp_path_factory.mktemp("stops_at_once") / "model"
+    shutil.copytree(exported["modernbert"], d)
+    spec = calibrate(
+        d,
+        [doc.text for doc in long_documents(80, seed=1, boilerplate_every=NO_OPENINGS)],
+        calibration(epsilon=0.1, delta=0.1, chunking=SMALL_CHUNKS, epsilon_doc=0.05),
+        path=TINY_PATH,
+        documents=[doc.text for doc in long_documents(120, seed=2, boilerplate_every=NO_OPENINGS)],
+    )
+    assert spec.document_stop is not None and spec.document_stop.disagreements == 0
+    return d
+
+
+def opening_on_another_topic(n: int) -> list[InputDocument]:
+    """Documents of one topic that open with about three chunks of another."""
+    pairs = itertools.cycle(itertools.permutations(TOPICS, 2))
+    return [
+        InputDocument(id=f"opens-{i}", text=" ".join([a] * 18 + [b] * 60))
+        for i, (a, b) in zip(range(n), pairs, strict=False)
+    ]
+
+
+def wait_for(k: KafkaSettings, ids: set[str], job, timeout_s: float = 240) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not ids <= set(output_ids(k)):
+        assert job.poll() is None, job.communicate()[1]
+        assert time.monotonic() < deadline, "not every document was labeled"
+        time.sleep(0.5)
+
+
+def _job(k: KafkaSettings, model: Path, recovery: Path, port: int):
+    return kascade_run(
+        k, model, "--cascade", "on", "--cascade.audit-fraction", "0",
+        "--cascade.stop-audit-fraction", "1", "--recovery-dir", str(recovery),
+        "--metrics-port", str(port),
+    )  # fmt: skip
+
+
+def _stopped(r: OutputRecord) -> bool:
+    return r.reading is not None and r.reading.stopped is StopReason.CERTAIN
+
+
+def test_a_stop_wrong_on_text_unlike_its_calibration_is_convicted_and_suspended(
+    kafka_settings: KafkaSettings, stops_at_once: Path, tmp_path: Path
+) -> None:
+    clear = long_documents(16, seed=5, boilerplate_every=NO_OPENINGS)
+    misleading = opening_on_another_topic(24)
+    after = long_documents(12, seed=6, boilerplate_every=NO_OPENINGS)
+    recovery, port = tmp_path / "recovery", free_port()
+    holding = 'kascade_document_stop_guarantee{state="holding"}'
+    violated = 'kascade_document_stop_guarantee{state="violated"}'
+    job = _job(kafka_settings, stops_at_once, recovery, port)
+    try:
+        send(kafka_settings, clear)
+        wait_for(kafka_settings, {d.id for d in clear}, job)
+        time.sleep(2)  # the full reads of the last stopped documents reach the test
+        assert metric(port, holding) == 1.0
+        send(kafka_settings, misleading)
+        wait_for(kafka_settings, {d.id for d in misleading}, job)
+        deadline = time.monotonic() + 60
+        while metric(port, violated) != 1.0:
+            assert time.monotonic() < deadline, "the stop's test never fired"
+            time.sleep(0.5)
+        send(kafka_settings, after)
+        wait_for(kafka_settings, {d.id for d in after}, job)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    alarms = [line for line in err.splitlines() if "document stop guarantee violated" in line]
+    assert len(alarms) == 1, err
+    assert "above the certified epsilon_doc 5%" in alarms[0], alarms
+    assert "every document is read to its end from now on" in alarms[0], alarms
+    assert "cascade guarantee violated" not in err  # the chunk bound was not in question
+
+    records = {i: rs[-1] for i, rs in labeled(kafka_settings).items()}
+    assert set(records) == {d.id for d in clear + misleading + after}  # nothing lost
+    assert sum(_stopped(records[d.id]) for d in clear) >= len(clear) // 2
+    assert sum(_stopped(records[d.id]) for d in misleading) >= 2  # what convicted it
+    for d in after:  # read to the end, the chunk cascade still on
+        r = records[d.id]
+        assert r.reading is not None and r.reading.stopped is StopReason.END, r
+        assert r.reading.chunks_read == r.chunks.total and r.cascade is CascadeUse.ON, r
+    scopes = json.loads((recovery / "suspensions.json").read_text())["suspended"]
+    assert [s["scope"] for s in scopes] == ["doc_stop"]
+
+    later = long_documents(4, seed=7, boilerplate_every=NO_OPENINGS)
+    job = _job(kafka_settings, stops_at_once, recovery, free_port())
+    try:
+        send(kafka_settings, later)
+        wait_for(kafka_settings, {d.id for d in later}, job)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    assert "cascade guarantee violated before this process started" in err, err
+    assert "every document is read to its end" in err
+    records = {i: rs[-1] for i, rs in labeled(kafka_settings).items()}
+    assert not any(_stopped(records[d.id]) for d in later)
