@@ -26,8 +26,10 @@ import argparse
 import csv
 import json
 import random
+import shlex
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -173,24 +175,31 @@ def _wait_for(k: KafkaSettings, n: int, job: subprocess.Popen, limit_s: float = 
         time.sleep(0.2)
 
 
-def kascade_warm(k: KafkaSettings, model: Path, docs: list[InputDocument], *extra: str) -> float:
+def kascade_warm(
+    k: KafkaSettings, model: Path, docs: list[InputDocument], *extra: str
+) -> tuple[float, str]:
     """Seconds from sending ``docs`` to a running, warmed-up ``kascade run`` until its last
     result (by the broker's timestamps): start-up and model loading not counted, as for
-    the naive jobs. A few short documents first load the model in every worker."""
+    the naive jobs. A few short documents first load the model in every worker. And what
+    the job logged."""
     warm = [InputDocument(id=f"warm-{i}", text=d.text[:2000]) for i, d in enumerate(docs[:8])]
     cmd = [a for a in kascade_run_command(k, model, *extra) if a != "--bounded"]
-    job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    try:
-        send(k, warm)
-        _wait_for(k, len(warm), job)
-        t0 = time.time()
-        send(k, docs)
-        _wait_for(k, len(warm) + len(docs), job)
-    finally:
-        job.send_signal(signal.SIGTERM)
-        job.wait(60)
+    # A file, not a pipe: a job that logs more than a pipe holds would block on it.
+    with tempfile.TemporaryFile("w+") as log:
+        job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        try:
+            send(k, warm)
+            _wait_for(k, len(warm), job)
+            t0 = time.time()
+            send(k, docs)
+            _wait_for(k, len(warm) + len(docs), job)
+        finally:
+            job.send_signal(signal.SIGTERM)
+            job.wait(60)
+        log.seek(0)
+        said = log.read()
     done = timestamps(k, k.output_topic)
-    return max(done[d.id.encode()] for d in docs) / 1000 - t0
+    return max(done[d.id.encode()] for d in docs) / 1000 - t0, said
 
 
 def _latency(k: KafkaSettings, ids: list[str]) -> dict[str, float]:
@@ -208,6 +217,8 @@ def headline(args: argparse.Namespace) -> dict:
     tokenizer = load_model_dir(args.kascade_model).tokenizer
     rows = {}
     for name, share in (("single-topic", 0.0), ("boilerplate-first", 1.0)):
+        if name not in args.sets:
+            continue
         built = documents(
             args.data,
             "holdout",
@@ -226,9 +237,13 @@ def headline(args: argparse.Namespace) -> dict:
             if f"kascade-{job}" not in args.jobs:
                 continue
             k = fresh_topics(brokers)
-            seconds = kascade_warm(
-                k, args.kascade_model, docs, "--workers", "2", "--cascade.reading", job
+            seconds, said = kascade_warm(
+                k,
+                args.kascade_model,
+                docs,
+                *("--workers", "2", "--cascade.reading", job, *shlex.split(args.run_args)),
             )
+            alarms = [line for line in said.splitlines() if "guarantee violated" in line]
             out = {
                 i: OutputRecord.model_validate_json(json.dumps(r)) for i, r in _results(k).items()
             }
@@ -238,6 +253,7 @@ def headline(args: argparse.Namespace) -> dict:
                 "tokens_read": np.mean([out[i].reading.tokens_read for i in gold]),
                 "stopped_certain": np.mean([out[i].reading.stopped == "certain" for i in gold]),
                 "latency": _latency(k, list(gold)),
+                "alarms": alarms,
             }
         for job, windows in (("naive-512", False), ("naive-windows", True)):
             if job not in args.jobs:
@@ -287,6 +303,18 @@ def main() -> None:
     h.add_argument("--seed", type=int, default=1)
     h.add_argument("--brokers")
     h.add_argument("--json", type=Path)
+    h.add_argument(
+        "--sets",
+        type=lambda s: s.split(","),
+        default=["single-topic", "boilerplate-first"],
+        help="comma-separated, of single-topic,boilerplate-first (default: both)",
+    )
+    h.add_argument(
+        "--run-args",
+        default="",
+        help="more arguments for the kascade jobs' kascade run, e.g."
+        " '--cascade.stop-audit-fraction 0.1'",
+    )
     for sub_parser in (d, h):
         sub_parser.add_argument("--languages", type=int, default=1, help="languages per document")
         sub_parser.add_argument("--opening", choices=sorted(OPENINGS), default="mail")

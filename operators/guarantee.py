@@ -130,8 +130,9 @@ class Guard:
                 else (f"the chunks of {described(entry.scope)} go to the full model")
             )
             log.error(
-                "cascade guarantee violated %s (%s, recorded in %s): %s"
+                "%s guarantee violated %s (%s, recorded in %s): %s"
                 " until another calibration is in force",
+                "document stop" if entry.scope == STOP else "cascade",
                 why,
                 entry.evidence,
                 path,

@@ -344,3 +344,16 @@ def test_a_snapshot_from_before_the_stop_had_a_test_resumes_with_one() -> None:
     assert resumed is old and resumed.stop is not None
     guard.audit_stop(agree=False)
     assert resumed.stop.audits == 1
+
+
+def test_a_stopped_document_the_full_model_failed_on_counts_in_no_test() -> None:
+    from kascade.operators.items import ChunkResult, DocMeta, StopAudit
+    from kascade.operators.live_test import gather
+    from kascade.schemas import Aggregation, Stage
+
+    doc, audit = DocMeta("d", 2, "en", None, None), StopAudit(label=1, chunks=2)
+    ok = ChunkResult(doc, 0, 64, np.array([0.1, 0.9]), Stage.FULL, stop_audit=audit)
+    failed = ChunkResult(doc, 1, 64, None, Stage.FULL, error="full model failed", stop_audit=audit)
+    got, checked = gather(Aggregation.TOKEN_MEAN, None, failed)
+    assert checked == [] and got is not None
+    assert gather(Aggregation.TOKEN_MEAN, got, ok) == (None, [])  # done, and no verdict
