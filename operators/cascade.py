@@ -173,8 +173,8 @@ class CascadeLogic(StatefulLogic[Received, Out, CascadeState]):
                 metrics.CHUNKS_SETTLED.labels(verdict.stage).inc()
             s.verdicts[task.index] = verdict
             follows = self._follows(s)
-            stop = self.stop if self.stop is not None and self.stop_in_force() else None
-            label = stop_reached(stop, s, self.strategy) if stop and follows else None
+            stop = self.stop if self.stop_in_force() else None
+            label = stop_reached(stop, s, self.strategy) if stop is not None and follows else None
             if label is not None:
                 s.decided = True
                 reading = self._reading(s, StopReason.CERTAIN)
@@ -209,7 +209,7 @@ class CascadeLogic(StatefulLogic[Received, Out, CascadeState]):
         elif not s.text.complete:
             s.meta = dataclasses.replace(s.meta, total_chunks=k + 1 + follows)
         meta = s.meta if k == 0 else dataclasses.replace(s.meta, envelope=None)
-        s.tasks[k] = ChunkTask(meta, k, c.ids, c.n_tokens, c.end_token)
+        s.tasks[k] = c.task(meta)
         metrics.CHUNKS_IN.inc()
         return True
 

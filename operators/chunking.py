@@ -67,6 +67,10 @@ class Chunk:
     def n_tokens(self) -> int:
         return len(self.ids)
 
+    def task(self, doc: DocMeta) -> ChunkTask:
+        """This chunk on its way to be classified, as a chunk of ``doc``."""
+        return ChunkTask(doc, self.index, self.ids, self.n_tokens, self.end_token)
+
 
 @dataclass(frozen=True)
 class SpecialTokens:
@@ -236,10 +240,7 @@ def split(
         return [first]
     meta = dataclasses.replace(first, envelope=None)
     metrics.CHUNKS_IN.inc(len(chunks))
-    return [
-        ChunkTask(first if c.index == 0 else meta, c.index, c.ids, c.n_tokens, c.end_token)
-        for c in chunks
-    ]
+    return [c.task(first if c.index == 0 else meta) for c in chunks]
 
 
 @dataclass(frozen=True)

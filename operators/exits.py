@@ -97,8 +97,7 @@ def full_read(s: CascadeState, label: int, chunker: Chunker, max_chunks: int) ->
         while chunker.exists(s.text, k):
             if k >= max_chunks:
                 return []
-            c = chunker.chunk(s.text, k)
-            tasks.append(ChunkTask(meta, k, c.ids, c.n_tokens, c.end_token))
+            tasks.append(chunker.chunk(s.text, k).task(meta))
             k += 1
     audit = StopAudit(label, len(tasks))
     hidden = {i: v.hidden for i, v in s.verdicts.items()}

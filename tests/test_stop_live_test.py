@@ -23,10 +23,9 @@ from helpers import (
     kascade_run,
     labeled,
     long_documents,
-    output_ids,
     send,
 )
-from test_guarantee_flow import metric
+from test_guarantee_flow import metric, wait_for
 
 from kascade.dataflow.ports import free_port
 from kascade.schemas import CascadeUse, InputDocument, OutputRecord, StopReason
@@ -62,14 +61,6 @@ def opening_on_another_topic(n: int) -> list[InputDocument]:
         InputDocument(id=f"opens-{i}", text=" ".join([a] * 18 + [b] * 60))
         for i, (a, b) in zip(range(n), pairs, strict=False)
     ]
-
-
-def wait_for(k: KafkaSettings, ids: set[str], job, timeout_s: float = 240) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not ids <= set(output_ids(k)):
-        assert job.poll() is None, job.communicate()[1]
-        assert time.monotonic() < deadline, "not every document was labeled"
-        time.sleep(0.5)
 
 
 def _job(k: KafkaSettings, model: Path, recovery: Path, port: int):
