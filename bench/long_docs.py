@@ -100,7 +100,58 @@ def web_boilerplate(rng: random.Random, tokens, target: int = 700) -> str:
     return "\n".join(parts)
 
 
-OPENINGS = {"mail": boilerplate, "web": web_boilerplate}
+USERS = ("mkeller", "j_ade", "liwei88", "asouza", "ohaddad", "pnair")
+
+
+def forum_boilerplate(rng: random.Random, tokens, target: int = 700) -> str:
+    """A forum thread's furniture before its first post: breadcrumbs, the posters' cards
+    and signatures, reply and quote buttons, about ``target`` tokens."""
+    parts: list[str] = []
+    while tokens(" ".join(parts)) < target:
+        user = rng.choice(USERS)
+        parts.append(
+            f"Forum index » General discussion » Page {rng.randint(1, 40)} of"
+            f" {rng.randint(41, 90)}\n{user} · Senior member · Joined {rng.randint(1, 12)}/"
+            f"{rng.randint(2009, 2025)} · Posts: {rng.randint(10, 9000)} · Reputation:"
+            f" {rng.randint(0, 500)}\nPosted {rng.randint(2, 59)} minutes ago · #"
+            f"{rng.randint(1, 300)} · Reply · Quote · Report · Like ({rng.randint(0, 40)})\n"
+            "-- \nSent from my phone. Opinions are my own. Please read the forum rules"
+            " before posting and use the search function first."
+        )
+    return "\n".join(parts)
+
+
+def legal_boilerplate(rng: random.Random, tokens, target: int = 700) -> str:
+    """Terms of use and a licence header before a document, about ``target`` tokens."""
+    parts: list[str] = []
+    while tokens(" ".join(parts)) < target:
+        parts.append(
+            f"Copyright (c) {rng.randint(1998, 2026)} {rng.choice(NAMES)}. All rights"
+            " reserved. Licensed under the terms of use available at example.org/terms;"
+            " you may not use this file except in compliance with them. Unless required by"
+            " applicable law or agreed to in writing, the material is distributed on an AS"
+            " IS BASIS, WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or"
+            f" implied. Document reference {rng.randint(100, 999)}-{rng.randint(1000, 9999)},"
+            f" revision {rng.randint(1, 30)}."
+        )
+    return "\n".join(parts)
+
+
+OPENINGS = {
+    "mail": boilerplate,
+    "web": web_boilerplate,
+    "forum": forum_boilerplate,
+    "legal": legal_boilerplate,
+}
+
+
+def openings(value: str) -> tuple[str, ...]:
+    """``--opening``: one kind of opening, or several (comma-separated), drawn evenly."""
+    kinds = tuple(value.split(","))
+    unknown = sorted(set(kinds) - set(OPENINGS))
+    if unknown:
+        raise argparse.ArgumentTypeError(f"no opening {unknown}; known: {sorted(OPENINGS)}")
+    return kinds
 
 
 def _rows(data: Path, prefixes: tuple[str, ...]) -> dict[tuple[str, str], list[str]]:
@@ -122,13 +173,14 @@ def documents(
     tokenizer,
     seed: int,
     languages: int = 1,
-    opening: str = "mail",
+    opening: tuple[str, ...] = ("mail",),
 ) -> list[tuple[InputDocument, str]]:
     """(document, topic) pairs: one topic each, in one language (tagged) or, with
     ``languages`` > 1, in that many, switching every 2-4 sentences (untagged, as a
     mixed document's language is not one); ``boilerplate_share`` of them open with
-    boilerplate (:data:`OPENINGS`). From the sentences of one split of ``bench.sib200``
-    (``heads``, ``calibration`` and ``holdout`` share none)."""
+    boilerplate (:data:`OPENINGS`, each of one kind drawn from ``opening``). From the
+    sentences of one split of ``bench.sib200`` (``heads``, ``calibration`` and
+    ``holdout`` share none)."""
     pools = _rows(data, (split,))
     keys = sorted(pools)
     rng = random.Random(seed)
@@ -153,9 +205,10 @@ def documents(
             n += n_tokens(s)
         body = " ".join(text)
         opens = rng.random() < boilerplate_share
-        if opens:
-            body = OPENINGS[opening](rng, n_tokens) + "\n\n" + body
-        meta = {"topic": topic, "boilerplate": opens, "tokens": size, "languages": langs}
+        kind = rng.choice(opening) if opens else None
+        if kind is not None:
+            body = OPENINGS[kind](rng, n_tokens) + "\n\n" + body
+        meta = {"topic": topic, "boilerplate": kind, "tokens": size, "languages": langs}
         tag = language_tag(lang) if len(langs) == 1 else None
         out.append((InputDocument(id=f"{split}-{i}", text=body, lang=tag, metadata=meta), topic))
     return out
@@ -317,7 +370,12 @@ def main() -> None:
     )
     for sub_parser in (d, h):
         sub_parser.add_argument("--languages", type=int, default=1, help="languages per document")
-        sub_parser.add_argument("--opening", choices=sorted(OPENINGS), default="mail")
+        sub_parser.add_argument(
+            "--opening",
+            type=openings,
+            default=("mail",),
+            help=f"kind of opening, or several comma-separated, of {','.join(OPENINGS)}",
+        )
     h.add_argument(
         "--jobs",
         type=lambda s: s.split(","),

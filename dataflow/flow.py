@@ -25,9 +25,9 @@ from kascade.operators.cascade import cascade
 from kascade.operators.chunking import chunk, with_text
 from kascade.operators.encoder import Loaded, load_model_dir
 from kascade.operators.formats import Reader, Writer
-from kascade.operators.full_model import classify
+from kascade.operators.full_model import classify, read_stopped
 from kascade.operators.guarantee import Guard, Shared
-from kascade.operators.items import ChunkResult, Outcome, Outgoing
+from kascade.operators.items import ChunkResult, FullRead, Outcome, Outgoing
 from kascade.operators.live_test import live_test
 from kascade.operators.reduce import Labeling, assemble
 from kascade.operators.serialize import dead_letter_value, output_value
@@ -320,6 +320,10 @@ def _cascaded(
     )
     # Chunks of one document may run on different workers: the full model is the cost.
     spread = op.redistribute("spread", cheap.escalations)
-    full = classify("classify", spread, model, settings.encoder, prepared.engine, "stages")
-    escalated = live_test("live_test", full, guard, in_force, settings.aggregation)
+    reads, chunks = by_class("full_reads", spread, FullRead)
+    full = classify("classify", chunks, model, settings.encoder, prepared.engine, "stages")
+    checked = read_stopped(
+        "read_stopped", reads, model, settings.encoder, prepared.engine, "stages"
+    )
+    escalated = live_test("live_test", full, checked, guard, in_force)
     return op.merge("results", cheap.settled, escalated), cheap.outcomes, cheap.dead

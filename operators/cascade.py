@@ -9,13 +9,10 @@ reads in (:mod:`~kascade.operators.turns`), the exit rules that end its reading
 (:mod:`~kascade.operators.audits`); S2 is the rest of the model (the suffix graph, in
 :mod:`~kascade.operators.full_model`), fed the prefix's output so nothing is computed twice.
 
-Per document (:class:`CascadeLogic`), chunks are read in order. With a certified
-document stop (:mod:`kascade.operators.reading`), reading ends as soon as the cheap
-verdicts so far make the full read's label certain, and the remaining chunks are never
-computed. Otherwise, once every chunk has been through S0/S1, the uncertain chunks are
-escalated only if their full-model answers could still change the document's label
-under the reduce strategy (:meth:`Strategy.decided`); if not they are skipped and their
-S1 estimate stands.
+Per document (:class:`CascadeLogic`), chunks are read in order, until a certified
+document stop makes the full read's label certain (the rest never computed) or to the
+end, where the uncertain chunks go to the full model only if their answers could still
+change the document's label (:meth:`Strategy.decided`; if not, their S1 estimate stands).
 """
 
 from __future__ import annotations
@@ -44,6 +41,7 @@ from kascade.operators.items import (
     ChunkTask,
     DocMeta,
     Escalation,
+    FullRead,
     Outcome,
     unit_of,
 )
@@ -59,7 +57,7 @@ from kascade.schemas.cascade import StopRule
 from kascade.schemas.engine import Engine
 from kascade.schemas.settings import CascadeSettings, ChunkSettings
 
-Out = ChunkResult | Escalation | Outcome | DeadLetter
+Out = ChunkResult | Escalation | FullRead | Outcome | DeadLetter
 T = TypeVar("T")
 
 
@@ -247,13 +245,14 @@ class CascadeLogic(StatefulLogic[Received, Out, CascadeState]):
         except BaseException as e:  # pyo3's PanicException (a Rust panic) included
             raise _Unreadable(failure(e)) from e
 
-    def _full(self, s: CascadeState, label: int) -> list[Escalation]:
-        """Where the draw picks this stopped document, every chunk of it for the full
-        model too (the live test of the stop; the document's output stands as stopped)."""
+    def _full(self, s: CascadeState, label: int) -> list[FullRead]:
+        """Where the draw picks this stopped document, the whole of it for the full model
+        too (the live test of the stop; the document's output stands as stopped)."""
         if not stop_audit_pick(s.meta.id, self.stop_audit_fraction):
             return []
-        try:
-            return self._chunking(full_read, s, label, self.chunker, self.max_chunks)
+        try:  # None: past the chunk limit, where no full read is defined
+            read = self._chunking(full_read, s, label, self.chunker, self.max_chunks, self.strategy)
+            return [] if read is None else [read]
         except _Unreadable:
             return []  # the tokenizer failed on the rest: only the audit is not made
 
@@ -286,7 +285,7 @@ class CascadeLogic(StatefulLogic[Received, Out, CascadeState]):
 @dataclass(frozen=True)
 class CascadeOut:
     settled: Stream[ChunkResult]
-    escalations: Stream[Escalation]
+    escalations: Stream[Escalation | FullRead]  # for the full model
     outcomes: Stream[Outcome]  # one per document decided
     dead: Stream[DeadLetter]  # too long (the stop did not come within the limit), unreadable
 
@@ -310,9 +309,8 @@ def cascade(
     guard: Guard | None = None,
 ) -> CascadeOut:
     """Each document chunked and read on its worker, its chunks through the cheap stages
-    in order up to a certified ``stop`` (``None``: every chunk); escalations leave for
-    any worker. ``in_force`` is
-    the calibration the run prepared (the one its records name)."""
+    in order up to a certified ``stop`` (``None``: every chunk); escalations leave for any
+    worker. ``in_force`` is the calibration the run prepared (the one its records name)."""
 
     @functools.cache
     def stages() -> CheapStages:
@@ -346,5 +344,5 @@ def cascade(
     decided = op.key_rm("unkey", op.stateful("stages", keyed, build))
     dead, live = by_class("dead", decided, DeadLetter)
     outcomes, chunks = by_class("outcomes", live, Outcome)
-    escalations, settled = by_class("escalate", chunks, Escalation)
+    settled, escalations = by_class("escalate", chunks, ChunkResult)
     return CascadeOut(settled=settled, escalations=escalations, outcomes=outcomes, dead=dead)

@@ -22,7 +22,7 @@ import numpy as np
 from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.audits import audit_pick
 from kascade.operators.chunking import Chunker
-from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome, StopAudit
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, FullRead, Outcome
 from kascade.operators.reading import stop_label
 from kascade.operators.verdicts import CascadeState, Verdict
 from kascade.schemas import Aggregation, Reading, Stage
@@ -85,20 +85,21 @@ def _audit(task: ChunkTask, verdict: Verdict, fraction: float) -> list[Escalatio
     return [Escalation(task, verdict.hidden, None, audit_of=int(verdict.settled_probs().argmax()))]
 
 
-def full_read(s: CascadeState, label: int, chunker: Chunker, max_chunks: int) -> list[Escalation]:
-    """Every chunk of a document the stop ended early with ``label``, for the full model:
-    the chunks read (from their prefix output, where the cheap stages kept it) and the
-    rest, tokenized now. Nothing where the text has more than ``max_chunks`` chunks: no
-    full read of it is defined (read whole, it is dead-lettered)."""
+def full_read(
+    s: CascadeState, label: int, chunker: Chunker, max_chunks: int, strategy: Aggregation
+) -> FullRead | None:
+    """A document the stop ended early with ``label``, for the full model to read to its
+    end: the chunks read (from their prefix output, where the cheap stages kept it) and
+    the rest, tokenized now. ``None`` where the text has more than ``max_chunks`` chunks:
+    no full read of it is defined (read whole, it is dead-lettered)."""
     tasks = [s.tasks[i] for i in sorted(s.tasks)]
     if s.text is not None:  # else a snapshot's, from before texts were kept: every chunk made
         meta = dataclasses.replace(s.meta, envelope=None)
         k = len(tasks)
         while chunker.exists(s.text, k):
             if k >= max_chunks:
-                return []
+                return None
             tasks.append(chunker.chunk(s.text, k).task(meta))
             k += 1
-    audit = StopAudit(label, len(tasks))
-    hidden = {i: v.hidden for i, v in s.verdicts.items()}
-    return [Escalation(t, hidden.get(t.index), None, stop_audit=audit) for t in tasks]
+    hidden = {i: v.hidden for i, v in s.verdicts.items() if v.hidden is not None}
+    return FullRead(tasks, hidden, label, strategy)

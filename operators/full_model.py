@@ -11,8 +11,9 @@ import numpy as np
 from bytewax.dataflow import Stream, operator
 
 from kascade.operators import inflight, metrics
+from kascade.operators.aggregation import STRATEGIES
 from kascade.operators.encoder import Encoder, Graphs, Loaded, softmax
-from kascade.operators.items import ChunkResult, ChunkTask, Escalation, StopAudit
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, FullRead, StopChecked
 from kascade.schemas import Stage
 from kascade.schemas.engine import Engine
 from kascade.schemas.settings import EncoderSettings
@@ -30,13 +31,13 @@ def worker_encoder(
 Work = ChunkTask | Escalation
 
 
-Unpacked = tuple[ChunkTask, np.ndarray | None, np.ndarray | None, int | None, StopAudit | None]
+Unpacked = tuple[ChunkTask, np.ndarray | None, np.ndarray | None, int | None]
 
 
 def _unpack(item: Work) -> Unpacked:
     if isinstance(item, Escalation):
-        return item.task, item.hidden, item.fallback, item.audit_of, item.stop_audit
-    return item, None, None, None, None
+        return item.task, item.hidden, item.fallback, item.audit_of
+    return item, None, None, None
 
 
 def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list[ChunkResult]:
@@ -71,10 +72,8 @@ def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list
                     logits = encoder.logits_batch([w[0].ids for w in group])
             probs = softmax(logits.astype(np.float64))
             out.extend(
-                ChunkResult(
-                    t.doc, t.index, t.n_tokens, p, Stage.FULL, audit_of=audit, stop_audit=stop
-                )
-                for (t, _, _, audit, stop), p in zip(group, probs, strict=True)
+                ChunkResult(t.doc, t.index, t.n_tokens, p, Stage.FULL, audit_of=audit)
+                for (t, _, _, audit), p in zip(group, probs, strict=True)
             )
         except Exception as e:  # a failed call is data: the document is marked degraded
             metrics.CHUNK_FAILURES.inc(len(group))
@@ -89,13 +88,46 @@ def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list
                     stage=Stage.FULL if fallback is None else Stage.S1,
                     error=reason,
                     audit_of=audit,
-                    stop_audit=stop,
                 )
-                for t, _, fallback, audit, stop in group
+                for t, _, fallback, audit in group
             )
     # Audits check the cascade; they are not chunks it sent to the full model.
-    metrics.CHUNKS_FULL_MODEL.inc(sum(1 for w in work if w[3] is None and w[4] is None))
+    metrics.CHUNKS_FULL_MODEL.inc(sum(1 for w in work if w[3] is None))
     return out
+
+
+def read_through(encoder: Encoder, read: FullRead) -> list[StopChecked]:
+    """Whether a full read of a stopped document gives the stop's label: its chunks in
+    order, only until no answer for the rest could change that label
+    (:meth:`~kascade.operators.aggregation.Strategy.decided`, exact), so a document the
+    stop was right on costs about half a full read. A failed call costs the audit only:
+    no verdict, never a raise."""
+    strategy = STRATEGIES[read.strategy]
+    weights = np.asarray([float(max(t.n_tokens, 1)) for t in read.tasks])
+    doc = read.tasks[0].doc
+    probs: list[np.ndarray] = []
+    try:
+        with (
+            metrics.STAGE_SECONDS.labels("full_read").time(),
+            inflight.inside(doc.source, "full_model"),
+        ):
+            for t in read.tasks:
+                known = len(probs)
+                if probs and strategy.decided(
+                    np.stack(probs), weights[:known], list(weights[known:])
+                ):
+                    break
+                hidden = read.hidden.get(t.index)
+                if hidden is not None:
+                    logits = encoder.suffix(hidden, np.ones(hidden.shape[:2], dtype=np.int64))[0]
+                else:
+                    logits = encoder.logits(t.ids)
+                probs.append(softmax(logits.astype(np.float64)))
+    except Exception:  # the live test's audit is lost, never the worker
+        metrics.CHUNK_FAILURES.inc()
+        return []
+    label, _ = strategy.combine(np.stack(probs), weights[: len(probs)])
+    return [StopChecked(doc, label == read.label)]
 
 
 @operator
@@ -115,3 +147,21 @@ def classify(
         return _classify_all(encoder, items, settings.micro_batch)
 
     return op.flat_map_batch("full_model", up, run_batch)
+
+
+@operator
+def read_stopped(
+    step_id: str,
+    up: Stream[FullRead],
+    model: Loaded,
+    settings: EncoderSettings,
+    engine: Engine,
+    graphs: Graphs = "full",
+) -> Stream[StopChecked]:
+    """Each stopped document the live test drew, read to its end (as far as its label
+    needs) on whichever worker it landed (:func:`read_through`)."""
+
+    def run(read: FullRead) -> list[StopChecked]:
+        return read_through(worker_encoder(model, settings.threads, graphs, engine), read)
+
+    return op.flat_map("read_through", up, run)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from kascade.schemas import (
+    Aggregation,
     DeadLetter,
     DeadLetterReason,
     KafkaHeaders,
@@ -134,15 +135,6 @@ class ChunkTask:
 
 
 @dataclass(frozen=True)
-class StopAudit:
-    """A chunk of a document the certified stop ended early, sent to the full model with
-    every other chunk of it, so the live test sees the label a full read gives."""
-
-    label: int  # the label index the stop gave the document
-    chunks: int  # the document's chunks, all of them audited
-
-
-@dataclass(frozen=True)
 class ChunkResult:
     """A classified chunk: probabilities, or the error that prevented them."""
 
@@ -153,7 +145,6 @@ class ChunkResult:
     stage: Stage
     error: str | None = None
     audit_of: int | None = None  # for an audit: the label index the cheap stage chose
-    stop_audit: StopAudit | None = None  # for a chunk of a stopped document's full read
 
 
 @dataclass(frozen=True)
@@ -168,4 +159,26 @@ class Escalation:
     hidden: np.ndarray | None
     fallback: np.ndarray | None
     audit_of: int | None = None
-    stop_audit: StopAudit | None = None
+
+
+@dataclass(frozen=True)
+class FullRead:
+    """A document the certified stop ended early with ``label``, for the full model to
+    read to its end (the live test of the stop): every chunk in order, a read one with
+    its prefix output (``hidden``, by chunk index) where the cheap stages kept it.
+
+    The full model reads on only while the chunks left could change the label a full
+    read gives under ``strategy`` (the reduce's, as the stop was certified)."""
+
+    tasks: list[ChunkTask]
+    hidden: dict[int, np.ndarray]
+    label: int
+    strategy: Aggregation
+
+
+@dataclass(frozen=True)
+class StopChecked:
+    """A stopped document read to its end by the full model: did the label agree?"""
+
+    doc: DocMeta
+    agree: bool

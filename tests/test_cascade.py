@@ -13,7 +13,7 @@ from helpers import word_chunker, word_doc
 from kascade.operators.audits import audit_pick
 from kascade.operators.calibration import Head
 from kascade.operators.cascade import CascadeLogic
-from kascade.operators.items import ChunkResult, ChunkTask, Escalation, Outcome, StopAudit
+from kascade.operators.items import ChunkResult, ChunkTask, Escalation, FullRead, Outcome
 from kascade.operators.validate import Received
 from kascade.operators.verdicts import Verdict
 from kascade.schemas import Aggregation, StopReason
@@ -127,11 +127,11 @@ def test_a_stopped_document_drawn_for_the_live_test_goes_whole_to_the_full_model
     out, _ = logic.on_item(word_doc("doc", 500))
     assert isinstance(out[0], Outcome) and out[0].reading.stopped is StopReason.CERTAIN
     assert [r.index for r in out if isinstance(r, ChunkResult)] == [0, 1]  # its output
-    full = [x for x in out if isinstance(x, Escalation)]
-    assert [e.task.index for e in full] == [0, 1, 2, 3, 4]
-    assert {e.stop_audit for e in full} == {StopAudit(label=1, chunks=5)}
-    assert [e.hidden is HIDDEN for e in full] == [True, True, False, False, False]
-    assert all(e.fallback is None and e.audit_of is None for e in full)
+    (full,) = [x for x in out if isinstance(x, FullRead)]
+    assert not any(isinstance(x, Escalation) for x in out)
+    assert [t.index for t in full.tasks] == [0, 1, 2, 3, 4] and full.label == 1
+    assert full.strategy is TM
+    assert {i: h is HIDDEN for i, h in full.hidden.items()} == {0: True, 1: True}
     assert stages.calls == 2  # the cheap stages never read the rest
 
 
@@ -142,7 +142,7 @@ def test_a_stopped_document_past_the_chunk_limit_is_not_audited_and_keeps_its_la
     )
     out, _ = logic.on_item(word_doc("doc", 500))
     assert isinstance(out[0], Outcome) and out[0].reading.stopped is StopReason.CERTAIN
-    assert not any(isinstance(x, Escalation) for x in out)
+    assert not any(isinstance(x, Escalation | FullRead) for x in out)
 
 
 def test_once_the_live_test_suspends_the_stop_every_document_is_read_to_its_end() -> None:

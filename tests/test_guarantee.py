@@ -346,14 +346,52 @@ def test_a_snapshot_from_before_the_stop_had_a_test_resumes_with_one() -> None:
     assert resumed.stop.audits == 1
 
 
-def test_a_stopped_document_the_full_model_failed_on_counts_in_no_test() -> None:
-    from kascade.operators.items import ChunkResult, DocMeta, StopAudit
-    from kascade.operators.live_test import gather
-    from kascade.schemas import Aggregation, Stage
+class CountingEncoder:
+    """The full model's two calls, answering ``probs`` for every chunk, counted."""
 
-    doc, audit = DocMeta("d", 2, "en", None, None), StopAudit(label=1, chunks=2)
-    ok = ChunkResult(doc, 0, 64, np.array([0.1, 0.9]), Stage.FULL, stop_audit=audit)
-    failed = ChunkResult(doc, 1, 64, None, Stage.FULL, error="full model failed", stop_audit=audit)
-    got, checked = gather(Aggregation.TOKEN_MEAN, None, failed)
-    assert checked == [] and got is not None
-    assert gather(Aggregation.TOKEN_MEAN, got, ok) == (None, [])  # done, and no verdict
+    def __init__(self, probs: list[float], fail: bool = False) -> None:
+        self.logits_out, self.fail = np.log(np.asarray(probs)), fail
+        self.calls: list[str] = []
+
+    def logits(self, ids: np.ndarray) -> np.ndarray:
+        self.calls.append("whole")
+        if self.fail:
+            raise RuntimeError("the full model failed")
+        return self.logits_out
+
+    def suffix(self, hidden: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        self.calls.append("suffix")
+        return self.logits_out[None, :]
+
+
+def stopped(label: int, chunks: int = 10, read: int = 2):
+    from kascade.operators.items import DocMeta, FullRead
+
+    doc = DocMeta("d", chunks, "en", None, None)
+    tasks = [ChunkTask(doc, i, np.arange(64), 64) for i in range(chunks)]
+    hidden = {i: np.zeros((1, 64, 8), dtype=np.float32) for i in range(read)}
+    return FullRead(tasks, hidden, label, Aggregation.TOKEN_MEAN)
+
+
+def test_a_full_read_ends_once_the_unread_chunks_cannot_change_its_label() -> None:
+    from kascade.operators.full_model import read_through
+
+    encoder = CountingEncoder([0.05, 0.95])
+    (checked,) = read_through(encoder, stopped(label=1))  # type: ignore[arg-type]
+    assert checked.agree
+    # lead 0.9 a chunk: after k of 10 equal chunks, decided once 0.9 k > 10 - k
+    assert encoder.calls == ["suffix"] * 2 + ["whole"] * 4
+    encoder = CountingEncoder([0.95, 0.05])
+    assert not read_through(encoder, stopped(label=1))[0].agree  # type: ignore[arg-type]
+    assert len(encoder.calls) == 6
+    encoder = CountingEncoder([0.45, 0.55])  # undecided to the end: every chunk is read
+    assert read_through(encoder, stopped(label=1))[0].agree  # type: ignore[arg-type]
+    assert len(encoder.calls) == 10
+
+
+def test_a_stopped_document_the_full_model_failed_on_counts_in_no_test() -> None:
+    from kascade.operators.full_model import read_through
+
+    encoder = CountingEncoder([0.05, 0.95], fail=True)
+    assert read_through(encoder, stopped(label=1)) == []  # type: ignore[arg-type]
+    assert encoder.calls == ["suffix", "suffix", "whole"]

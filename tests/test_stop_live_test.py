@@ -134,3 +134,96 @@ def test_a_stop_wrong_on_text_unlike_its_calibration_is_convicted_and_suspended(
     assert "every document is read to its end" in err
     records = {i: rs[-1] for i, rs in labeled(kafka_settings).items()}
     assert not any(_stopped(records[d.id]) for d in later)
+
+
+def _audits(port: int) -> float:
+    return sum(
+        metric(port, f'kascade_stop_audits_total{{agree="{a}"}}') or 0.0 for a in ("true", "false")
+    )
+
+
+def test_two_records_with_one_id_both_stopped_are_each_written_once_and_audited_once(
+    kafka_settings: KafkaSettings, stops_at_once: Path, tmp_path: Path
+) -> None:
+    # Each id is sent twice at once: a document the stop is right on, then one of another
+    # length it is wrong on. Every stopped record's full read must reach the test once,
+    # under the position the broker gave it (how interleaved chunks of two such reads are
+    # told apart: test_guarantee's two-records test).
+    clear = long_documents(8, seed=8, boilerplate_every=NO_OPENINGS)
+    misleading = opening_on_another_topic(8)
+    sent = [
+        InputDocument(id=f"twice-{i}", text=d.text)
+        for i, pair in enumerate(zip(clear, misleading, strict=True))
+        for d in pair
+    ]
+    port = free_port()
+    job = _job(kafka_settings, stops_at_once, tmp_path / "recovery", port)
+    try:
+        send(kafka_settings, sent)
+        written: dict[str, list[OutputRecord]] = {}
+        deadline = time.monotonic() + 240
+        while sum(map(len, written.values())) < len(sent):
+            assert job.poll() is None and time.monotonic() < deadline, "records missing"
+            time.sleep(0.5)
+            written = labeled(kafka_settings)
+        stopped = [r for rs in written.values() for r in rs if _stopped(r)]
+        deadline = time.monotonic() + 60
+        while _audits(port) < len(stopped):  # each full read reaches the test once done
+            assert time.monotonic() < deadline, (_audits(port), len(stopped))
+            time.sleep(0.5)
+        time.sleep(2)  # and no more than once
+        audited = _audits(port)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=60)
+    assert job.returncode == 0, err
+    assert audited == len(stopped) >= 4
+    assert sorted(written) == sorted({d.id for d in sent})
+    for rs in written.values():  # both records of an id, each labeled once, apart
+        assert sorted(r.reading.chars_total for r in rs) == sorted(
+            len(d.text) for d in sent if d.id == rs[0].id
+        )
+    assert "document stop guarantee violated" in err  # the misleading halves were seen
+
+
+def test_a_worker_killed_with_kill_9_amid_full_reads_loses_no_record_and_keeps_the_conviction(
+    kafka_settings: KafkaSettings, stops_at_once: Path, tmp_path: Path
+) -> None:
+    from test_faults import workers_of
+
+    misleading = opening_on_another_topic(30)
+    after = long_documents(12, seed=9, boilerplate_every=NO_OPENINGS)
+    recovery = tmp_path / "recovery"
+    job = kascade_run(
+        kafka_settings, stops_at_once, "--cascade", "on", "--cascade.audit-fraction", "0",
+        "--cascade.stop-audit-fraction", "1", "--workers", "2", "--recovery-dir",
+        str(recovery), "--snapshot-interval-s", "0.5", "--restarts.backoff-s", "0.2",
+    )  # fmt: skip
+    try:
+        send(kafka_settings, misleading)
+        deadline = time.monotonic() + 120
+        while len(labeled(kafka_settings)) < 3:  # full reads are under way
+            assert job.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        workers_of(job)[0].kill()
+        wait_for(kafka_settings, {d.id for d in misleading}, job)
+        deadline = time.monotonic() + 90
+        while not (recovery / "suspensions.json").is_file():
+            assert time.monotonic() < deadline, "the stop's test never fired"
+            time.sleep(0.5)
+        time.sleep(2)  # the other process takes the suspension up
+        send(kafka_settings, after)
+        wait_for(kafka_settings, {d.id for d in after}, job)
+    finally:
+        job.send_signal(signal.SIGTERM)
+        _, err = job.communicate(timeout=90)
+    assert job.returncode == 0, err
+    assert "was killed by SIGKILL; restarting the workers" in err, err
+    written = labeled(kafka_settings)
+    assert set(written) == {d.id for d in misleading + after}  # nothing lost
+    assert all(len(rs) == 1 for rs in written.values()), err  # nothing twice
+    for d in after:  # in both processes, read to the end
+        r = written[d.id][0]
+        assert r.reading is not None and r.reading.stopped is StopReason.END, r
+    scopes = json.loads((recovery / "suspensions.json").read_text())["suspended"]
+    assert [s["scope"] for s in scopes] == ["doc_stop"]
