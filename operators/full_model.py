@@ -109,7 +109,7 @@ def read_through(encoder: Encoder, read: FullRead) -> list[StopChecked]:
     try:
         with (
             metrics.STAGE_SECONDS.labels("full_read").time(),
-            inflight.inside(doc.source, "full_model"),
+            inflight.inside(doc.source, "read_stopped"),
         ):
             for t in read.tasks:
                 known = len(probs)
