@@ -4,6 +4,7 @@ side of the split, and text files that share sentences are named with the counts
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -106,3 +107,44 @@ def test_calibrate_names_documents_that_share_sentences_with_its_texts(
         "--chunk-tokens", "64", "--overlap", "8", timeout=600,
     )  # fmt: skip
     assert "3 of the 60 --documents texts share 3 sentences with --texts" in r.stderr, r.stderr
+
+
+FURNITURE = (
+    "We use cookies to personalise content and ads and to analyse our traffic here. "
+    "Accept all, reject all or manage the settings of our partners at any time. "
+)
+
+
+VOCABULARY = [
+    "river", "harbour", "council", "budget", "festival", "vaccine", "orbit", "glacier",
+    "election", "tariff", "museum", "drought", "striker", "senate", "satellite", "wildfire",
+    "pension", "asteroid", "parliament", "orchestra", "factory", "monsoon", "verdict",
+    "airline", "chess", "volcano", "reactor", "treaty", "marathon", "pipeline",
+]  # fmt: skip
+
+
+def article(i: int) -> str:
+    """A text of its own: two sentences of seeded words no other article repeats."""
+    rng = random.Random(i)
+    return ". ".join(" ".join(rng.sample(VOCABULARY, 9)).capitalize() for _ in range(2)) + "."
+
+
+def test_texts_opening_with_the_same_boilerplate_are_not_one_group_but_shared_content_joins():
+    # A third of the texts open with a site's chrome (as scraped pages do): joined through
+    # it they were one group, which went wholly to one side of the split.
+    texts = [(FURNITURE if i % 3 == 0 else "") + article(i) for i in range(60)]
+    texts.append(article(4) + " An update.")  # content of another text: related
+    got = groups(texts)
+    assert got[:60] == list(range(60)) and got[60] == 4
+    source = np.arange(len(texts))
+    for seed in range(5):
+        _, cert = split_by_group(source, got, 0.4, seed)
+        opening = np.mean([texts[i].startswith(FURNITURE) for i in cert])
+        assert 0.15 < opening < 0.5  # about the third it is in all
+
+
+def test_boilerplate_both_inputs_carry_is_not_named_as_shared_content() -> None:
+    texts = [FURNITURE + article(i) for i in range(20)]
+    documents = [FURNITURE + article(i) for i in range(100, 120)]
+    assert shared(documents, texts) == (0, 0)
+    assert shared([*documents, article(3)], texts) == (1, 2)  # a copied text still is

@@ -46,6 +46,15 @@ MIN_CHARS = 20
 SHINGLE_CHARS = 5
 NEAR = 0.7
 PERMUTATIONS = 64
+# A sentence in this share of an input's texts (and in at least COMMON_TEXTS of them) is
+# the furniture of its kind of text, not content: a mail's disclaimer, a site's chrome, a
+# template's frame. A text of the stream carries it as often as a calibration text does,
+# so having seen it is no advantage the stream lacks, and it relates no texts; joined
+# through it, every text that opens with the same boilerplate was one group, a third of a
+# calibration on one side of the split (docs/BENCHMARKS.md section 31). Content repeats in
+# a few texts, far below this.
+COMMON_SHARE = 0.03
+COMMON_TEXTS = 10
 
 
 def _words(text: str) -> str:
@@ -68,12 +77,30 @@ def _shingles(sentence: str) -> list[bytes]:
     return [sentence[i : i + n].encode() for i in range(max(1, len(sentence) - n + 1))]
 
 
+def common(texts: Sequence[str]) -> frozenset[bytes]:
+    """The sentences (their exact keys) in at least :data:`COMMON_SHARE` of ``texts`` and
+    in at least :data:`COMMON_TEXTS` of them: boilerplate.
+
+    >>> furniture = "Please read the forum rules before posting anything new."
+    >>> posts = [f"{furniture} A post about {w} and nothing else." for w in "abcdefghij"]
+    >>> common(posts) == {_exact(_words(furniture))}, common(posts[:9])
+    (True, frozenset())
+    """
+    seen: dict[bytes, int] = {}
+    for text in texts:
+        for key in {_exact(s) for s in sentences(text)}:
+            seen[key] = seen.get(key, 0) + 1
+    least = max(COMMON_TEXTS, COMMON_SHARE * len(texts))
+    return frozenset(k for k, n in seen.items() if n >= least)
+
+
 class SentenceIndex:
     """The sentences seen so far, each with the text it came from, found again exactly
     or, with ``near``, nearly (MinHash over character shingles, LSH at Jaccard
-    :data:`NEAR`)."""
+    :data:`NEAR`); sentences in ``ignore`` (exact keys, :func:`common`) are passed over."""
 
-    def __init__(self, near: bool = True) -> None:
+    def __init__(self, near: bool = True, ignore: frozenset[bytes] = frozenset()) -> None:
+        self._ignore = ignore
         self._exact: dict[bytes, int] = {}
         self._lsh = MinHashLSH(threshold=NEAR, num_perm=PERMUTATIONS) if near else None
         self._owner: dict[int, int] = {}  # LSH key -> text
@@ -112,7 +139,7 @@ class SentenceIndex:
         return self._lsh
 
     def _sketched(self, text: str) -> list[tuple[str, MinHash | None]]:
-        found = sentences(text)
+        found = [s for s in sentences(text) if _exact(s) not in self._ignore]
         if self._lsh is None:
             return [(s, None) for s in found]
         sketches = MinHash.bulk([_shingles(s) for s in found], num_perm=PERMUTATIONS, seed=1)
@@ -123,7 +150,8 @@ def groups(
     texts: list[str], related: Sequence[Hashable | None] | None = None, *, by_sentence: bool = True
 ) -> list[int]:
     """For each text, its group: the smallest index of a text it is connected to through
-    shared sentences (with ``by_sentence``; else only the same text, case, digits,
+    shared sentences (with ``by_sentence``, boilerplate aside: :func:`common`; else only
+    the same text, case, digits,
     punctuation and spacing aside, as a template's copies are), or through an
     equal ``related`` value (e.g. the id a parallel corpus gives a sentence and its
     translations; ``None`` relates to nothing), by union-find.
@@ -147,7 +175,7 @@ def groups(
         if a != b:
             parent[max(a, b)] = min(a, b)
 
-    index = SentenceIndex(near=False)
+    index = SentenceIndex(near=False, ignore=common(texts) if by_sentence else frozenset())
     first: dict[Hashable, int] = {}
     for i, text in enumerate(texts):
         if by_sentence:
@@ -162,8 +190,8 @@ def groups(
 
 def shared(these: list[str], those: list[str]) -> tuple[int, int]:
     """How many of ``these`` texts share a sentence (exactly or nearly) with ``those``,
-    and how many of their sentences do."""
-    index = SentenceIndex()
+    and how many of their sentences do; boilerplate of either (:func:`common`) aside."""
+    index = SentenceIndex(ignore=common(these) | common(those))
     for i, text in enumerate(those):
         index.add(i, text)
     texts = sentences_shared = 0
