@@ -146,9 +146,8 @@ def test_two_records_with_one_id_both_stopped_are_each_written_once_and_audited_
     kafka_settings: KafkaSettings, stops_at_once: Path, tmp_path: Path
 ) -> None:
     # Each id is sent twice at once: a document the stop is right on, then one of another
-    # length it is wrong on. Every stopped record's full read must reach the test once,
-    # under the position the broker gave it (how interleaved chunks of two such reads are
-    # told apart: test_guarantee's two-records test).
+    # length it is wrong on. Every stopped record's full read must reach the test once:
+    # the cascade keys its state by the record's position, and a full read travels whole.
     clear = long_documents(8, seed=8, boilerplate_every=NO_OPENINGS)
     misleading = opening_on_another_topic(8)
     sent = [
