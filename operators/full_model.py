@@ -40,6 +40,14 @@ def _unpack(item: Work) -> Unpacked:
     return item, None, None, None
 
 
+def _one(encoder: Encoder, task: ChunkTask, hidden: np.ndarray | None) -> np.ndarray:
+    """One chunk's logits: the suffix graph on the prefix's output where it was kept, else
+    the whole model on its tokens."""
+    if hidden is None:
+        return encoder.logits(task.ids)
+    return encoder.suffix(hidden, np.ones(hidden.shape[:2], dtype=np.int64))[0]
+
+
 def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list[ChunkResult]:
     """Full-model results for ``items``; a failed call yields an error result, never raises.
 
@@ -62,12 +70,8 @@ def _classify_all(encoder: Encoder, items: list[Work], micro_batch: int) -> list
                 metrics.STAGE_SECONDS.labels("full_model").time(),
                 inflight.inside(suspect, "full_model"),
             ):
-                if group[0][1] is not None:
-                    hidden = group[0][1]
-                    mask = np.ones(hidden.shape[:2], dtype=np.int64)
-                    logits = encoder.suffix(hidden, mask)
-                elif len(group) == 1:
-                    logits = encoder.logits(group[0][0].ids)[None, :]
+                if len(group) == 1:
+                    logits = _one(encoder, group[0][0], group[0][1])[None, :]
                 else:
                     logits = encoder.logits_batch([w[0].ids for w in group])
             probs = softmax(logits.astype(np.float64))
@@ -108,7 +112,7 @@ def read_through(encoder: Encoder, read: FullRead) -> list[StopChecked]:
     probs: list[np.ndarray] = []
     try:
         with (
-            metrics.STAGE_SECONDS.labels("full_read").time(),
+            metrics.STAGE_SECONDS.labels("read_stopped").time(),
             inflight.inside(doc.source, "read_stopped"),
         ):
             for t in read.tasks:
@@ -117,11 +121,7 @@ def read_through(encoder: Encoder, read: FullRead) -> list[StopChecked]:
                     np.stack(probs), weights[:known], list(weights[known:])
                 ):
                     break
-                hidden = read.hidden.get(t.index)
-                if hidden is not None:
-                    logits = encoder.suffix(hidden, np.ones(hidden.shape[:2], dtype=np.int64))[0]
-                else:
-                    logits = encoder.logits(t.ids)
+                logits = _one(encoder, t, read.hidden.get(t.index))
                 probs.append(softmax(logits.astype(np.float64)))
     except Exception:  # the live test's audit is lost, never the worker
         metrics.CHUNK_FAILURES.inc()

@@ -63,11 +63,11 @@ def opening_on_another_topic(n: int) -> list[InputDocument]:
     ]
 
 
-def _job(k: KafkaSettings, model: Path, recovery: Path, port: int):
+def _job(k: KafkaSettings, model: Path, recovery: Path, *extra: str):
+    """The job with every stopped document read to its end too, and no chunk audits."""
     return kascade_run(
         k, model, "--cascade", "on", "--cascade.audit-fraction", "0",
-        "--cascade.stop-audit-fraction", "1", "--recovery-dir", str(recovery),
-        "--metrics-port", str(port),
+        "--cascade.stop-audit-fraction", "1", "--recovery-dir", str(recovery), *extra,
     )  # fmt: skip
 
 
@@ -84,7 +84,7 @@ def test_a_stop_wrong_on_text_unlike_its_calibration_is_convicted_and_suspended(
     recovery, port = tmp_path / "recovery", free_port()
     holding = 'kascade_document_stop_guarantee{state="holding"}'
     violated = 'kascade_document_stop_guarantee{state="violated"}'
-    job = _job(kafka_settings, stops_at_once, recovery, port)
+    job = _job(kafka_settings, stops_at_once, recovery, "--metrics-port", str(port))
     try:
         send(kafka_settings, clear)
         wait_for(kafka_settings, {d.id for d in clear}, job)
@@ -122,7 +122,7 @@ def test_a_stop_wrong_on_text_unlike_its_calibration_is_convicted_and_suspended(
     assert [s["scope"] for s in scopes] == ["doc_stop"]
 
     later = long_documents(4, seed=7, boilerplate_every=NO_OPENINGS)
-    job = _job(kafka_settings, stops_at_once, recovery, free_port())
+    job = _job(kafka_settings, stops_at_once, recovery)
     try:
         send(kafka_settings, later)
         wait_for(kafka_settings, {d.id for d in later}, job)
@@ -156,7 +156,7 @@ def test_two_records_with_one_id_both_stopped_are_each_written_once_and_audited_
         for d in pair
     ]
     port = free_port()
-    job = _job(kafka_settings, stops_at_once, tmp_path / "recovery", port)
+    job = _job(kafka_settings, stops_at_once, tmp_path / "recovery", "--metrics-port", str(port))
     try:
         send(kafka_settings, sent)
         written: dict[str, list[OutputRecord]] = {}
@@ -193,10 +193,9 @@ def test_a_worker_killed_with_kill_9_amid_full_reads_loses_no_record_and_keeps_t
     misleading = opening_on_another_topic(30)
     after = long_documents(12, seed=9, boilerplate_every=NO_OPENINGS)
     recovery = tmp_path / "recovery"
-    job = kascade_run(
-        kafka_settings, stops_at_once, "--cascade", "on", "--cascade.audit-fraction", "0",
-        "--cascade.stop-audit-fraction", "1", "--workers", "2", "--recovery-dir",
-        str(recovery), "--snapshot-interval-s", "0.5", "--restarts.backoff-s", "0.2",
+    job = _job(
+        kafka_settings, stops_at_once, recovery, "--workers", "2",
+        "--snapshot-interval-s", "0.5", "--restarts.backoff-s", "0.2",
     )  # fmt: skip
     try:
         send(kafka_settings, misleading)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import re
 import unicodedata
+from collections import Counter
 from collections.abc import Hashable, Sequence
 
 import numpy as np
@@ -86,10 +87,7 @@ def common(texts: Sequence[str]) -> frozenset[bytes]:
     >>> common(posts) == {_exact(_words(furniture))}, common(posts[:9])
     (True, frozenset())
     """
-    seen: dict[bytes, int] = {}
-    for text in texts:
-        for key in {_exact(s) for s in sentences(text)}:
-            seen[key] = seen.get(key, 0) + 1
+    seen = Counter(key for text in texts for key in {_exact(s) for s in sentences(text)})
     least = max(COMMON_TEXTS, COMMON_SHARE * len(texts))
     return frozenset(k for k, n in seen.items() if n >= least)
 
